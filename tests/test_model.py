@@ -1,0 +1,161 @@
+"""model.py: the two attention paths agree, padding is invisible, every option
+trains, parameter groups are what they say, bad input is refused clearly."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import POOLINGS, POS_ENCODINGS, Transformer, TransformerConfig, select_params
+
+
+def small(**kw):
+    base = dict(vocab_size=12, n_classes=3, max_len=24, n_layer=2, n_head=4, n_embd=32)
+    return Transformer(TransformerConfig(**{**base, **kw})).eval()
+
+
+def tokens(B=3, T=20, vocab=10, seed=0):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def ragged_mask(B=3, T=20):
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[0, 14:] = True
+    mask[2, 5:] = True
+    return mask
+
+
+@pytest.mark.parametrize("pos_enc", POS_ENCODINGS)
+def test_sdpa_path_equals_explicit_attention_path(pos_enc):
+    torch.manual_seed(0)
+    model, idx, mask = small(pos_enc=pos_enc), tokens(), ragged_mask()
+    fused = model(idx, mask)
+    explicit, maps = model(idx, mask, return_attn=True)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    assert len(maps) == 2 and maps[0].shape == (3, 4, 20, 20)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(3, 4, 20), atol=1e-5)
+
+
+@pytest.mark.parametrize("pos_enc", POS_ENCODINGS)
+@pytest.mark.parametrize("pool", POOLINGS)
+def test_padding_changes_no_output_of_real_tokens(pos_enc, pool):
+    torch.manual_seed(0)
+    model = small(pos_enc=pos_enc, pool=pool)
+    idx, mask = tokens(), ragged_mask()
+    other_pads = idx.masked_fill(mask, 11)                # different ids under the pads
+    h1, maps = model(idx, mask, return_attn=True)
+    h2 = model(other_pads, mask)
+    real = ~mask
+    assert torch.allclose(h1[real], h2[real], atol=1e-5)
+    assert torch.allclose(model.classify(idx, mask), model.classify(other_pads, mask), atol=1e-5)
+    offset = 1 if pool == "cls" else 0                   # the [CLS] key sits at position 0
+    assert maps[0][0, :, :, 14 + offset:].abs().max() == 0   # padded keys get no attention
+    # row 2 has 5 real tokens: the same as running it alone without padding
+    alone = model.classify(idx[2:3, :5])
+    assert torch.allclose(model.classify(idx, mask)[2], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("pos_enc", POS_ENCODINGS)
+@pytest.mark.parametrize("pool", POOLINGS)
+def test_every_option_gives_gradients_to_every_parameter(pos_enc, pool):
+    torch.manual_seed(0)
+    model = small(pos_enc=pos_enc, pool=pool, n_layer=1).train()
+    idx, mask = tokens(), ragged_mask()
+    loss = F.cross_entropy(model.classify(idx, mask), torch.tensor([0, 1, 2])) \
+        + model.reconstruct(idx, mask).logsumexp(-1).mean()
+    loss.backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert no_grad == []
+
+
+def test_positional_encodings_differ_and_none_is_permutation_equivariant():
+    torch.manual_seed(0)
+    idx = tokens(B=1)
+    perm = torch.randperm(20)
+    model = small(pos_enc="none")
+    assert torch.allclose(model(idx)[:, perm], model(idx[:, perm]), atol=1e-5)
+    for pe in ("sinusoidal", "learned", "rope", "alibi"):
+        torch.manual_seed(0)
+        model = small(pos_enc=pe)
+        for block in model.blocks:   # sharp attention, so RoPE's effect on scores shows
+            torch.nn.init.normal_(block.attn.W_Q.weight)
+            torch.nn.init.normal_(block.attn.W_K.weight)
+        assert not torch.allclose(model(idx)[:, perm], model(idx[:, perm]), atol=1e-3), pe
+
+
+def test_pair_input_encodes_both_documents_with_one_encoder():
+    torch.manual_seed(0)
+    model = small(pair=True)
+    idx = torch.stack([tokens(seed=1), tokens(seed=2)], dim=1)          # (B, 2, T)
+    mask = torch.stack([ragged_mask(), torch.zeros(3, 20, dtype=torch.bool)], dim=1)
+    logits = model.classify(idx, mask)
+    assert logits.shape == (3, 3)
+    swapped = model.classify(idx.flip(1), mask.flip(1))
+    assert not torch.allclose(logits, swapped)                           # u - v is ordered
+    with pytest.raises(ValueError, match=r"\(B, 2, T\)"):
+        model.classify(tokens())
+
+
+GROUPS_THAT_PARTITION = ("attn", "mlp", "emb", "norm", "head")
+
+
+@pytest.mark.parametrize("pos_enc,pool", [("learned", "cls"), ("sinusoidal", "mean")])
+def test_param_groups_partition_all_and_nest(pos_enc, pool):
+    model = small(pos_enc=pos_enc, pool=pool)
+    groups = {g: set(select_params(model, g)) for g in GROUPS_THAT_PARTITION}
+    everything = set(select_params(model, "all"))
+    assert everything == {n for n, _ in model.named_parameters()}
+    assert set().union(*groups.values()) == everything
+    for a in GROUPS_THAT_PARTITION:
+        for b in GROUPS_THAT_PARTITION:
+            if a < b:
+                assert not groups[a] & groups[b], (a, b)
+    qk, qkv = set(select_params(model, "qk")), set(select_params(model, "qkv"))
+    assert qk < qkv < groups["attn"]
+    assert all(".W_Q." in n or ".W_K." in n for n in qk) and len(qk) == 2 * 2 * 2   # 2 layers x (W, b)
+    assert set(select_params(model, "qk,mlp")) == qk | groups["mlp"]
+
+
+def test_one_layer_model_overfits_a_tiny_batch():
+    torch.manual_seed(0)
+    model = small(n_layer=1, n_classes=2).train()
+    idx, labels = tokens(B=8, T=16, seed=3), torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=3e-3)
+    for _ in range(150):
+        loss = F.cross_entropy(model.classify(idx), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    assert (model.classify(idx).argmax(-1) == labels).all()
+
+
+def test_optimizer_decays_only_matrices():
+    model = small(pos_enc="learned", pool="cls")
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(names[i].endswith(".weight") and "ln" not in names[i] and "emb" not in names[i]
+               for i in decayed)
+    assert id(model.blocks[0].attn.W_Q.weight) in decayed
+    assert id(model.tok_emb.weight) not in decayed and id(model.cls_token) not in decayed
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(pos_enc="relative"), r"pos_enc='relative' is unknown.*sinusoidal"),
+    (dict(pool="sum"), r"pool='sum' is unknown.*mean"),
+    (dict(n_embd=30, n_head=4), r"n_embd=30 is not divisible by n_head=4"),
+    (dict(n_layer=0), r"n_layer=0 must be a positive integer"),
+])
+def test_bad_config_is_refused_with_the_allowed_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig(**kwargs)
+
+
+def test_bad_input_is_refused_clearly():
+    model = small()
+    with pytest.raises(ValueError, match=r"length 30 exceeds max_len=24"):
+        model(tokens(T=30))
+    with pytest.raises(ValueError, match=r"token id 12 is outside the vocabulary \[0, 12\)"):
+        model(torch.full((1, 5), 12))
+    with pytest.raises(ValueError, match=r"unknown parameter group 'attention'"):
+        select_params(model, "attention")
