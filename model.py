@@ -257,9 +257,14 @@ class Transformer(nn.Module):
             x = x + self.pos_emb.weight[:T]
         return self.drop(x)
 
-    def _attention_bias(self, pad_mask, T, dtype):
-        """Additive score bias (B or 1, H or 1, T, T): ALiBi distances and -inf at padded keys."""
+    def _attention_bias(self, pad_mask, T, dtype, causal=False):
+        """Additive score bias (B or 1, H or 1, T, T): ALiBi distances, -inf at padded
+        keys, and -inf above the diagonal for a causal (next-token) objective."""
         bias = self.alibi[:, :T, :T].to(dtype)[None] if self.config.pos_enc == "alibi" else None
+        if causal:
+            future = torch.ones(T, T, dtype=torch.bool, device=self.tok_emb.weight.device).triu(1)
+            future = torch.zeros(T, T, dtype=dtype, device=future.device).masked_fill(future, float("-inf"))
+            bias = future if bias is None else bias + future
         if pad_mask is not None:
             if self.config.pool == "cls":   # the [CLS] position is always real
                 pad_mask = F.pad(pad_mask, (1, 0), value=False)
@@ -268,12 +273,13 @@ class Transformer(nn.Module):
             bias = key_pad if bias is None else bias + key_pad
         return bias
 
-    def encode(self, idx, pad_mask=None, return_attn=False):
-        """All hidden states after the final norm, [CLS] included when pool='cls'."""
+    def encode(self, idx, pad_mask=None, return_attn=False, causal=False):
+        """All hidden states after the final norm, [CLS] included when pool='cls'.
+        causal=True lets position i attend only to j <= i (next-token SPT)."""
         self._check_input(idx, pad_mask)
         x = self.embed(idx)
         T = x.size(1)
-        bias = self._attention_bias(pad_mask, T, x.dtype)
+        bias = self._attention_bias(pad_mask, T, x.dtype, causal)
         rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.config.pos_enc == "rope" else None
         maps = []
         for block in self.blocks:
@@ -281,10 +287,10 @@ class Transformer(nn.Module):
             maps.append(att)
         return self.ln_f(x), maps
 
-    def forward(self, idx, pad_mask=None, return_attn=False):
+    def forward(self, idx, pad_mask=None, return_attn=False, causal=False):
         """Final hidden states (B, T, n_embd) of the tokens; with return_attn=True also
         the list of per-layer attention maps (B, H, T', T'), T' = T (+1 with a [CLS])."""
-        h, maps = self.encode(idx, pad_mask, return_attn)
+        h, maps = self.encode(idx, pad_mask, return_attn, causal)
         if self.config.pool == "cls":
             h = h[:, 1:]
         return (h, maps) if return_attn else h
@@ -322,10 +328,11 @@ class Transformer(nn.Module):
         u, v = self.sequence_vector(idx.flatten(0, 1), flat_mask).view(B, 2, -1).unbind(1)
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
-    def reconstruct(self, idx, pad_mask=None):
+    def reconstruct(self, idx, pad_mask=None, causal=False):
         """Token logits (B, T, vocab_size) at every position: the masked-token
-        reconstruction head of self-pretraining (the loss reads the masked ones)."""
-        return self.lm_head(self.forward(idx, pad_mask))
+        reconstruction head of self-pretraining (the loss reads the masked ones).
+        causal=True: position t sees only tokens <= t (next-token SPT)."""
+        return self.lm_head(self.forward(idx, pad_mask, causal=causal))
 
     # --- optimisation
 

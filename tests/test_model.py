@@ -159,3 +159,17 @@ def test_bad_input_is_refused_clearly():
         model(torch.full((1, 5), 12))
     with pytest.raises(ValueError, match=r"unknown parameter group 'attention'"):
         select_params(model, "attention")
+
+
+@pytest.mark.parametrize("pos_enc", ["sinusoidal", "alibi"])
+def test_causal_reconstruction_never_sees_the_future(pos_enc):
+    torch.manual_seed(0)
+    model = small(pos_enc=pos_enc)
+    idx = tokens(B=1)
+    changed = idx.clone()
+    changed[0, 12:] = (changed[0, 12:] + 1) % 10
+    a, b = model.reconstruct(idx, causal=True), model.reconstruct(changed, causal=True)
+    assert torch.allclose(a[0, :12], b[0, :12], atol=1e-5)
+    assert not torch.allclose(a[0, 12:], b[0, 12:], atol=1e-4)
+    _, maps = model(idx, return_attn=True, causal=True)
+    assert maps[0][0, :, 3, 4:].abs().max() == 0

@@ -19,7 +19,8 @@ def test_label_is_the_neighbour_interaction():
     tokens, labels = make_data(2000, seed=1)
     frac = smooth_fraction(tokens)
     assert (frac[labels == 1] == 1.0).all()          # smooth rows: every pair within 1
-    assert frac[labels == 0].max() < 0.97            # scrambled rows: broken pairs
+    assert frac[labels == 0].max() < 1.0             # scrambled rows: broken pairs
+    assert np.median(frac[labels == 0]) < 0.95
     assert (tokens.min() >= 0) and (tokens.max() < 32)
 
 

@@ -1,0 +1,742 @@
+"""
+Self-pretraining (SPT) then finetuning, with every ablation of "Towards
+Understanding Self-Pretraining for Sequence Classification" (Coser et al. 2026).
+
+    python train_spt.py --task=pathfinder --depth=1              # SPT, then finetune
+    python train_spt.py --task=pathfinder --depth=1 --pretrain_epochs=0   # from scratch
+    python train_spt.py --task=synthetic --freeze=attn           # keep random attention
+    python train_spt.py --task=synthetic --init_params=qk --init_from=out/x/spt_best.pt
+    python train_spt.py --task=image --pretrain_task=pathfinder  # data-source swap
+    python train_spt.py --report=out                              # table of all runs under out/
+    torchrun --standalone --nproc_per_node=2 train_spt.py --task=synthetic
+
+Phase 1 (SPT): masked-token reconstruction on the task's own training split
+(Amos et al. 2024): hide a random mask_ratio of the real tokens, predict them,
+loss only at the hidden positions. Phase 2: classification, starting from the
+best-validation SPT weights (all of them, or only the group --init_params).
+Every run writes config.json, log.jsonl, summary.json, checkpoints and PNG
+plots into out_dir, including the proximity statistics of the attention
+(claim 6): attention mass within |i-j| <= w, and how Toeplitz (a function of
+i - j only) the position-only score matrix (PE W_Q)(PE W_K)^T is.
+
+Every key below is a --key=value flag; --help lists them with their defaults.
+The defaults are the papers' one-GPU settings for the chosen task.
+"""
+
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import synthetic
+from model import Transformer, TransformerConfig, select_params
+from training import (RunLog, configure, grad_norm, load_checkpoint, load_state, lr_at,
+                      read_log, save_checkpoint, setup_runtime, unwrap, write_json)
+
+# -----------------------------------------------------------------------------
+# Defaults. Task-specific ones come from TASKS (Amos et al.'s configs, SPEC.md).
+
+DEFAULTS = dict(
+    task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
+    pretrain_task="",        # "" = the task itself; else pretrain on another task's data
+    data_dir="data",
+    data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
+    n_train=0,               # use only the first n training examples (0 = all)
+    n_eval=0,                # use only the first n val/test examples (0 = all)
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep
+    seed=0,
+    # model
+    pos_enc="sinusoidal", pool="mean", dropout=0.0,
+    # self-pretraining
+    spt_objective="masked",  # masked | causal (next-token)
+    save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
+    # finetuning and the ablations
+    init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
+    init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
+    freeze="none",           # keep these groups at their random init while finetuning (attn, qk, ...)
+    patience=20,             # early stopping: epochs without a better val accuracy (0 = off)
+    max_hours=24.0,          # wall-time cap of each phase
+    # optimisation
+    weight_decay=0.0, warmup_frac=0.05, schedule="cosine", grad_clip=1.0, grad_accum=1,
+    pretrain_lr=0.0,         # 0 = same as lr
+    # logging and analysis
+    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
+    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
+    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
+    report="",               # comma list of folders: gather their summary.json into a table
+    # system
+    device="auto", dtype="auto", compile=False, num_workers=0,
+)
+
+TASKS = {   # depth = n_layer
+    "synthetic": dict(depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=64,
+                      pretrain_epochs=10, epochs=20, mask_ratio=0.15),
+    "listops": dict(depth=6, n_embd=512, n_head=8, ffn_mult=4, lr=1e-4, batch_size=32,
+                    pretrain_epochs=200, epochs=200, mask_ratio=0.10),
+    "text": dict(depth=6, n_embd=512, n_head=8, ffn_mult=4, lr=1e-4, batch_size=32,
+                 pretrain_epochs=200, epochs=200, mask_ratio=0.15),
+    "retrieval": dict(depth=4, n_embd=128, n_head=4, ffn_mult=4, lr=1e-4, batch_size=32,
+                      pretrain_epochs=200, epochs=200, mask_ratio=0.15),
+    "image": dict(depth=3, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=32,
+                  pretrain_epochs=50, epochs=200, mask_ratio=0.50),
+    "pathfinder": dict(depth=4, n_embd=128, n_head=8, ffn_mult=1, lr=5e-4, batch_size=64,
+                       pretrain_epochs=200, epochs=200, mask_ratio=0.50),
+    "pathx": dict(depth=4, n_embd=128, n_head=8, ffn_mult=1, lr=5e-4, batch_size=16,
+                  pretrain_epochs=200, epochs=200, mask_ratio=0.50),
+}
+
+
+def get_config(argv):
+    """Two passes: --task picks the task's defaults, then every --key=value applies."""
+    task = next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), DEFAULTS["task"])
+    if task not in TASKS:
+        raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
+    return configure({**DEFAULTS, **TASKS[task]}, argv, __doc__)
+
+
+# -----------------------------------------------------------------------------
+# Data: synthetic.py or data_lra.py, one interface
+
+def load_data(task, split, cfg):
+    if task == "synthetic":
+        ds = synthetic.load_split(split, seed=cfg["seed"])
+    else:
+        import data_lra   # imported here so the synthetic task needs nothing else
+        ds = data_lra.load_task(task, split, cfg["data_dir"], data_source=cfg["data_source"])
+    n = cfg["n_train"] if split == "train" else cfg["n_eval"]
+    return Subset(ds, n) if 0 < n < len(ds) else ds
+
+
+class Subset(torch.utils.data.Dataset):
+    """The first n examples of a dataset, keeping its attributes (vocab_size, collate, ...)."""
+
+    def __init__(self, ds, n):
+        self.ds, self.n = ds, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+    def __getattr__(self, name):
+        return getattr(self.ds, name)
+
+
+def epoch_batches(n, cfg, rt, seed):
+    """This rank's micro-batches (lists of indices) for one epoch. The order depends
+    only on (seed, epoch), so a resumed run sees the same batches. Optimizer step s
+    uses global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size,
+    split into equal micro-batches across ranks and accumulation steps: a run on
+    W processes equals a single process with W times the batch size."""
+    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    if n < G:
+        raise ValueError(f"the training set has {n} examples, fewer than one global batch "
+                         f"of {G}; lower --batch_size or --grad_accum")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    batches = []
+    for s in range(n // G):
+        chunk = perm[s * G:(s + 1) * G]
+        for k in range(cfg["grad_accum"]):
+            start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
+            batches.append(chunk[start:start + cfg["batch_size"]])
+    return batches
+
+
+def loader(ds, batches, cfg, rt):
+    return torch.utils.data.DataLoader(ds, batch_sampler=batches, collate_fn=ds.collate,
+                                       num_workers=cfg["num_workers"],
+                                       pin_memory=rt.device_type == "cuda")
+
+
+def to_device(batch, rt):
+    tokens, pad_mask, labels = batch
+    move = lambda t: None if t is None else t.to(rt.device, non_blocking=True)
+    return move(tokens), move(pad_mask), move(labels)
+
+
+# -----------------------------------------------------------------------------
+# The two objectives, as modules so that DDP and torch.compile see one forward
+
+class MaskedReconstruction(nn.Module):
+    """SPT objective (Amos et al. 2024): x~ = x with a random set M of real positions
+    replaced by [MASK];  L = -(1/|M|) sum_{i in M} log p(x_i | x~)  (loss only on M).
+    Retrieval pairs (B, 2, T) are two sequences each. causal=True: next-token loss
+    -(1/T) sum_t log p(x_{t+1} | x_<=t) instead."""
+
+    def __init__(self, model, mask_id, causal=False):
+        super().__init__()
+        self.model, self.mask_id, self.causal = model, mask_id, causal
+
+    def forward(self, tokens, pad_mask, hide):
+        if tokens.dim() == 3:                                       # two documents each
+            tokens, hide = tokens.flatten(0, 1), hide.flatten(0, 1)
+            pad_mask = None if pad_mask is None else pad_mask.flatten(0, 1)
+        if self.causal:
+            logits = self.model.reconstruct(tokens, pad_mask, causal=True)[:, :-1]
+            targets = tokens[:, 1:]
+            if pad_mask is not None:
+                targets = targets.masked_fill(pad_mask[:, 1:], -100)
+        else:
+            logits = self.model.reconstruct(tokens.masked_fill(hide, self.mask_id), pad_mask)
+            targets = tokens.masked_fill(~hide, -100)               # read only the hidden ones
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def draw_hidden(tokens, pad_mask, ratio, generator):
+    """i.i.d. Bernoulli(ratio) positions among the real tokens, at least one per batch."""
+    hide = torch.rand(tokens.shape, generator=generator) < ratio
+    if pad_mask is not None:
+        hide &= ~pad_mask.cpu()
+    if not hide.any():
+        hide.view(-1)[0] = True
+    return hide
+
+
+class Classification(nn.Module):
+    """Supervised objective: cross-entropy of the pooled classifier's logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, pad_mask, labels):
+        logits = self.model.classify(tokens, pad_mask)
+        return F.cross_entropy(logits.float(), labels), logits
+
+
+# -----------------------------------------------------------------------------
+# Building the model, hybrid initialisation and freezing
+
+def build_model(cfg, datasets):
+    """One model for every dataset it will see (the pretraining task may differ)."""
+    ds = datasets[0]
+    pair = ds[0][0].dim() == 2
+    conf = TransformerConfig(
+        vocab_size=max(d.vocab_size for d in datasets), n_classes=ds.n_classes,
+        max_len=max(d.max_len for d in datasets), n_layer=cfg["depth"], n_head=cfg["n_head"],
+        n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"], dropout=cfg["dropout"],
+        pos_enc=cfg["pos_enc"], pool=cfg["pool"], pair=pair)
+    torch.manual_seed(cfg["seed"])
+    return Transformer(conf)
+
+
+def hybrid_init(model, ckpt_path, which):
+    """Copy only the parameter group `which` from an SPT checkpoint; the rest stay
+    at their random init (claim 5). Returns the names copied."""
+    state = load_checkpoint(ckpt_path)["model"]
+    names = select_params(model, which)
+    load_state(model, {k: v for k, v in state.items() if k in names} | 
+               {k: v for k, v in model.state_dict().items() if k not in names})
+    return names
+
+
+def freeze(model, which):
+    """requires_grad=False for a group: it stays bit-identical at its random init (claim 4)."""
+    if which == "none":
+        return []
+    names = select_params(model, which)
+    for name, p in model.named_parameters():
+        if name in names:
+            p.requires_grad_(False)
+    return names
+
+
+# -----------------------------------------------------------------------------
+# Attention analysis (claim 6): proximity mass, position-only scores, Toeplitz score
+
+PROX_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
+
+
+@torch.no_grad()
+def attention_maps(model, ds, rt, n=8):
+    """Attention maps of the first n examples (explicit path), one (B, H, T, T) per layer."""
+    tokens, pad_mask, _ = to_device(ds.collate([ds[i] for i in range(min(n, len(ds)))]), rt)
+    if tokens.dim() == 3:                                           # retrieval: first documents
+        tokens, pad_mask = tokens[:, 0], None if pad_mask is None else pad_mask[:, 0]
+    model.eval()
+    _, maps = model(tokens, pad_mask, return_attn=True)
+    model.train()
+    if model.config.pool == "cls":                                  # drop the [CLS] row/column
+        maps = [m[:, :, 1:, 1:] for m in maps]
+    return [m.float().cpu() for m in maps], None if pad_mask is None else pad_mask.cpu()
+
+
+def proximity_mass(maps, pad_mask, widths=PROX_WIDTHS):
+    """Mean attention mass within |i-j| <= w (over examples, heads, real queries), per
+    layer, and what uniform attention over the real keys would give."""
+    B, H, T, _ = maps[0].shape
+    real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
+    dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
+    keys = real[:, None, :].float()                                  # (B, 1, T) real keys
+    out = {"widths": list(widths), "layers": [], "uniform": []}
+    for w in widths:
+        band = (dist <= w).float()
+        out["uniform"].append(((band * keys).sum(-1) / keys.sum(-1))[real].mean().item())
+    for m in maps:
+        per_w = [((m * (dist <= w)).sum(-1).mean(1))[real].mean().item() for w in widths]
+        out["layers"].append(per_w)
+    return out
+
+
+def position_scores(model, layer=0):
+    """The position-only score matrix (PE W_Q)(PE W_K)^T / sqrt(d_head), per head
+    (H, T, T), for additive encodings (sinusoidal or learned); None otherwise."""
+    c = model.config
+    if c.pos_enc == "sinusoidal":
+        pe = model.pe
+    elif c.pos_enc == "learned":
+        pe = model.pos_emb.weight
+    else:
+        return None
+    pe = pe[1:] if c.pool == "cls" else pe
+    pe = pe[: min(len(pe), 256)].detach().float().cpu()              # the first 256 positions
+    attn = model.blocks[layer].attn
+    q = (pe @ attn.W_Q.weight.detach().float().cpu().T).view(len(pe), c.n_head, -1).transpose(0, 1)
+    k = (pe @ attn.W_K.weight.detach().float().cpu().T).view(len(pe), c.n_head, -1).transpose(0, 1)
+    return q @ k.transpose(-2, -1) / math.sqrt(c.n_embd // c.n_head)
+
+
+def toeplitz_stats(M):
+    """How much of M (T, T) is a function of i - j alone: 1 - |M - Toe(M)|^2 / |M - mean|^2,
+    where Toe(M) replaces each entry by the mean of its diagonal; and the near-far
+    contrast of that diagonal profile (|i-j| <= 2 vs >= T/4) in units of std(M)."""
+    T = M.size(-1)
+    offset = (torch.arange(T)[:, None] - torch.arange(T)[None, :]) + T - 1
+    sums = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), M.flatten())
+    counts = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), torch.ones(T * T))
+    profile = sums / counts
+    toe = profile[offset]
+    score = 1 - ((M - toe) ** 2).sum() / ((M - M.mean()) ** 2).sum().clamp(min=1e-12)
+    dist = (offset - T + 1).abs()
+    near_far = (toe[dist <= 2].mean() - toe[dist >= T // 4].mean()) / M.std().clamp(min=1e-12)
+    return score.item(), near_far.item()
+
+
+def proximity_report(model, ds, rt):
+    maps, pad_mask = attention_maps(model, ds, rt)
+    report = {"mass": proximity_mass(maps, pad_mask)}
+    scores = position_scores(model)
+    if scores is not None:
+        stats = [toeplitz_stats(s) for s in scores]
+        report["toeplitz"] = sum(s for s, _ in stats) / len(stats)
+        report["near_far"] = sum(n for _, n in stats) / len(stats)
+    return report, maps, scores
+
+
+# -----------------------------------------------------------------------------
+# Evaluation (sharded over DDP ranks)
+
+@torch.no_grad()
+def evaluate(objective, ds, cfg, rt, phase):
+    """Mean loss, and accuracy for the classifier, over the whole split. SPT masks
+    come from a fixed generator, so the validation loss is comparable across epochs."""
+    objective.eval()
+    idx = list(range(rt.rank, len(ds), rt.world_size))
+    batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
+    gen = torch.Generator().manual_seed(1234)
+    totals = torch.zeros(3, dtype=torch.float64, device=rt.device)   # loss sum, correct, count
+    for batch in tqdm(loader(ds, batches, cfg, rt), desc=f"eval {phase}", leave=False,
+                      disable=not rt.master):
+        tokens, pad_mask, labels = to_device(batch, rt)
+        with rt.autocast():
+            if phase == "spt":
+                hide = draw_hidden(tokens, pad_mask, cfg["mask_ratio"], gen).to(rt.device)
+                loss, correct = objective(tokens, pad_mask, hide), 0.0
+            else:
+                loss, logits = objective(tokens, pad_mask, labels)
+                correct = (logits.argmax(-1) == labels).sum()
+        totals += torch.stack([loss.double() * len(labels), torch.as_tensor(correct, device=rt.device).double(),
+                               torch.tensor(float(len(labels)), device=rt.device, dtype=torch.float64)])
+    if rt.ddp:
+        dist.all_reduce(totals)
+    objective.train()
+    return {"loss": (totals[0] / totals[2]).item(), "acc": (totals[1] / totals[2]).item()}
+
+
+# -----------------------------------------------------------------------------
+# One training phase (SPT or finetuning): the loop, checkpoints, early stopping
+
+def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
+    """Train `model` in place. phase='spt': masked reconstruction, best = lowest val
+    loss. phase='finetune': classification, best = highest val accuracy. Returns the
+    path of the best checkpoint and its validation metrics."""
+    spt = phase == "spt"
+    epochs = cfg["pretrain_epochs"] if spt else cfg["epochs"]
+    lr = (cfg["pretrain_lr"] or cfg["lr"]) if spt else cfg["lr"]
+    unused = model.head if spt else model.lm_head                    # not part of this loss
+    for p in unused.parameters():
+        p.requires_grad_(False)
+    objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") \
+        if spt else Classification(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = model.configure_optimizers(cfg["weight_decay"], lr, device_type=rt.device_type)
+    train_obj = DDP(objective, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None) \
+        if rt.ddp else objective
+    if cfg["compile"]:
+        train_obj = torch.compile(train_obj)
+    mask_gen = torch.Generator().manual_seed(cfg["seed"] + 7)
+    steps_per_epoch = len(train_ds) // (cfg["batch_size"] * cfg["grad_accum"] * rt.world_size)
+    total_steps = epochs * steps_per_epoch
+    warmup = int(cfg["warmup_frac"] * total_steps)
+    best_path = os.path.join(cfg["out_dir"], f"{phase}_best.pt")
+    state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0, history=[])
+    if resume is not None and resume["phase"] == phase:
+        optimizer.load_state_dict(resume["optimizer"])
+        state.update({k: resume[k] for k in state})
+        mask_gen.set_state(resume["mask_gen"])
+        torch.set_rng_state(resume["torch_rng"])
+    save_epochs = {int(e) for e in cfg["save_epochs"].split(",") if e.strip()} if spt else set()
+    t0 = time.time()
+    if rt.master:
+        print(f"[{phase}] {len(train_ds)} train / {len(val_ds)} val examples, {epochs} epochs x "
+              f"{steps_per_epoch} steps, lr {lr:g}, {sum(p.numel() for p in params):,} trainable parameters")
+
+    def checkpoint():
+        if rt.master:
+            save_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dict(
+                phase=phase, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
+                mask_gen=mask_gen.get_state(), torch_rng=torch.get_rng_state(), config=cfg, **state))
+
+    while state["epoch"] < epochs:
+        epoch = state["epoch"]
+        batches = epoch_batches(len(train_ds), cfg, rt, seed=cfg["seed"] * 100003 + epoch * 2 + spt)
+        batches = batches[state["step_in_epoch"] * cfg["grad_accum"]:]
+        bar = tqdm(total=steps_per_epoch, initial=state["step_in_epoch"], disable=not rt.master,
+                   desc=f"{phase} epoch {epoch + 1}/{epochs}", leave=False)
+        micro = 0
+        for batch in loader(train_ds, batches, cfg, rt):
+            tokens, pad_mask, labels = to_device(batch, rt)
+            last_micro = (micro + 1) % cfg["grad_accum"] == 0
+            sync = last_micro or not rt.ddp
+            ctx = train_obj.no_sync() if not sync else torch.enable_grad()
+            with ctx, rt.autocast():
+                if spt:
+                    hide = draw_hidden(tokens, pad_mask, cfg["mask_ratio"], mask_gen).to(rt.device)
+                    loss = train_obj(tokens, pad_mask, hide)
+                else:
+                    loss, _ = train_obj(tokens, pad_mask, labels)
+            (loss / cfg["grad_accum"]).backward()
+            micro += 1
+            if not last_micro:
+                continue
+            for group in optimizer.param_groups:                     # lr schedule (warmup, decay)
+                group["lr"] = lr_at(state["step"], total_steps, lr, warmup, cfg["schedule"])
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            state["step_in_epoch"] += 1
+            bar.update(1)
+            if state["step"] % cfg["log_every"] == 0 or state["step"] == 1:
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"[{phase}] loss became {value} at step {state['step']}; stopping. The last "
+                        f"good checkpoint is {cfg['out_dir']}/ckpt.pt. Lower --lr, or raise --grad_clip "
+                        f"protection (--grad_clip=1.0), and resume with --init_from=resume.")
+                log.log(phase=phase, step=state["step"], epoch=epoch, loss=value,
+                        lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
+                bar.set_postfix(loss=f"{value:.4f}")
+            if rt.master and state["step"] == 20:
+                eta = (time.time() - t0) / 20 * (total_steps - 20)
+                print(f"[{phase}] ~{eta / 60:.1f} min for this phase at the current speed", flush=True)
+            if cfg["snapshot_attn_every"] and state["step"] % cfg["snapshot_attn_every"] == 0:
+                snapshot_attention(model, val_ds, rt, cfg, phase, state["step"])
+            if cfg["ckpt_every"] and state["step"] % cfg["ckpt_every"] == 0:
+                checkpoint()
+            if cfg["halt_after_steps"] and state["step"] >= cfg["halt_after_steps"]:
+                bar.close()
+                raise SystemExit(f"halted after {state['step']} steps (--halt_after_steps)")
+        bar.close()
+        metrics = evaluate(objective, val_ds, cfg, rt, phase)
+        score = -metrics["loss"] if spt else metrics["acc"]
+        improved = state["best"] is None or score > state["best"]
+        state.update(epoch=epoch + 1, step_in_epoch=0)
+        state["history"].append(dict(epoch=epoch + 1, step=state["step"], **metrics))
+        log.log(phase=phase, step=state["step"], epoch=epoch + 1, val_loss=metrics["loss"],
+                val_acc=metrics["acc"])
+        if improved:
+            state.update(best=score, best_epoch=epoch + 1, bad_epochs=0)
+            if rt.master:
+                save_checkpoint(best_path, dict(model=unwrap(model).state_dict(), config=cfg,
+                                                epoch=epoch + 1, **metrics))
+        else:
+            state["bad_epochs"] += 1
+        if rt.master and epoch + 1 in save_epochs:
+            save_checkpoint(os.path.join(cfg["out_dir"], f"spt_epoch{epoch + 1}.pt"),
+                            dict(model=unwrap(model).state_dict(), config=cfg, epoch=epoch + 1))
+        if rt.master:
+            print(f"[{phase}] epoch {epoch + 1}/{epochs}: val loss {metrics['loss']:.4f}"
+                  + ("" if spt else f", val acc {metrics['acc']:.4f}")
+                  + (" (best)" if improved else ""), flush=True)
+        checkpoint()
+        stop_early = not spt and cfg["patience"] and state["bad_epochs"] >= cfg["patience"]
+        if stop_early or time.time() - t0 > cfg["max_hours"] * 3600:
+            break
+    for p in unused.parameters():
+        p.requires_grad_(True)
+    return best_path, state
+
+
+# -----------------------------------------------------------------------------
+# Attention snapshots during training, and the plots
+
+def snapshot_attention(model, ds, rt, cfg, phase, step):
+    """Append the head-averaged layer-0 map of one example (downsampled to <= 128
+    positions) and the proximity mass to out_dir/snapshots.jsonl."""
+    if not rt.master:
+        return
+    maps, pad_mask = attention_maps(model, ds, rt, n=4)
+    mass = proximity_mass(maps, pad_mask)
+    m = maps[0][0].mean(0)                                           # (T, T) example 0
+    factor = max(1, math.ceil(m.size(0) / 128))
+    m = F.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
+    with open(os.path.join(cfg["out_dir"], "snapshots.jsonl"), "a") as f:
+        f.write(json.dumps(dict(phase=phase, step=step, mass=mass["layers"][0],
+                                widths=mass["widths"], uniform=mass["uniform"],
+                                map=np.round(m.numpy(), 4).tolist())) + "\n")
+
+
+def plt_figure(*args, **kwargs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt, plt.subplots(*args, **kwargs)
+
+
+def plot_curves(out_dir):
+    plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5))
+    records = read_log(out_dir)
+    for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
+        steps = [r for r in records if r.get("phase") == phase and "loss" in r]
+        vals = [r for r in records if r.get("phase") == phase and "val_loss" in r]
+        if steps:
+            axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], color=color, label=phase)
+        if vals:
+            axes[1].plot([r["epoch"] for r in vals], [r["val_loss"] for r in vals], "o-", color=color, label=phase)
+            if phase == "finetune":
+                axes[2].plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-", color=color)
+    for ax, title in zip(axes, ("train loss (per step)", "val loss (per epoch)", "val accuracy (finetuning)")):
+        ax.set_title(title)
+        ax.legend() if ax.get_legend_handles_labels()[0] else None
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=90)
+    plt.close(fig)
+
+
+def plot_attention(maps, out_dir, stage, n_examples=2):
+    """Rows: examples x layers; columns: heads. One PNG per stage (init, spt, finetune)."""
+    L, H = len(maps), maps[0].size(1)
+    n_examples = min(n_examples, maps[0].size(0))
+    plt, (fig, axes) = plt_figure(n_examples * L, H, figsize=(2.1 * H, 2.1 * n_examples * L), squeeze=False)
+    for e in range(n_examples):
+        for layer in range(L):
+            for h in range(H):
+                ax = axes[e * L + layer, h]
+                ax.imshow(maps[layer][e, h].numpy(), cmap="viridis")
+                ax.set_xticks([]), ax.set_yticks([])
+                ax.set_title(f"ex {e} layer {layer} head {h}", fontsize=7)
+    fig.suptitle(f"attention maps: {stage}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"attention_{stage}.png"), dpi=80)
+    plt.close(fig)
+
+
+def plot_proximity(reports, scores, out_dir):
+    """Left: attention mass within |i-j| <= w vs w (layer 0) for each stage and uniform.
+    Right: the position-only score matrix (head 0) at each stage."""
+    stages = list(reports)
+    n_right = sum(s is not None for s in scores.values())
+    plt, (fig, axes) = plt_figure(1, 1 + n_right, figsize=(4 + 3 * n_right, 3.5), squeeze=False)
+    ax = axes[0, 0]
+    for stage in stages:
+        mass = reports[stage]["mass"]
+        ax.plot(mass["widths"], mass["layers"][0], "o-", label=stage)
+    ax.plot(mass["widths"], mass["uniform"], "k--", label="uniform")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("w"), ax.set_ylabel("attention mass within |i-j|<=w (layer 0)"), ax.legend()
+    col = 1
+    for stage in stages:
+        if scores.get(stage) is not None:
+            a = axes[0, col]
+            a.imshow(scores[stage][0][:128, :128].numpy(), cmap="RdBu_r")
+            a.set_title(f"(PE W_Q)(PE W_K)^T, {stage}\nToeplitz {reports[stage]['toeplitz']:.2f}", fontsize=8)
+            a.set_xticks([]), a.set_yticks([])
+            col += 1
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "proximity.png"), dpi=90)
+    plt.close(fig)
+
+
+def plot_evolution(run_dirs, path, n_cols=6):
+    """The paper's figure: head-averaged layer-0 attention of one example as training
+    goes, one row per (run, phase), from each run's snapshots.jsonl."""
+    rows = []
+    for d in run_dirs:
+        snap_path = os.path.join(d, "snapshots.jsonl")
+        if not os.path.exists(snap_path):
+            continue
+        with open(snap_path) as f:
+            snaps = [json.loads(line) for line in f]
+        for phase in ("spt", "finetune"):
+            s = [x for x in snaps if x["phase"] == phase]
+            if s:
+                picks = [s[round(i)] for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
+                rows.append((f"{os.path.basename(os.path.normpath(d))} {phase}", picks))
+    if not rows:
+        return None
+    plt, (fig, axes) = plt_figure(len(rows), n_cols, figsize=(2 * n_cols, 2.1 * len(rows)), squeeze=False)
+    for r, (name, picks) in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            ax.set_xticks([]), ax.set_yticks([])
+            if c < len(picks):
+                ax.imshow(np.array(picks[c]["map"]), cmap="viridis")
+                ax.set_title(f"step {picks[c]['step']}, mass(w=2) {picks[c]['mass'][3]:.2f}", fontsize=7)
+        axes[r, 0].set_ylabel(name, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Gathering results: --report=DIR,... -> one markdown table
+
+REPORT_COLUMNS = ("task", "depth", "pretrain_task", "pretrain_epochs", "init_params", "freeze",
+                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
+
+
+def report(dirs):
+    paths = []
+    for d in dirs.split(","):
+        paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
+    if not paths:
+        raise FileNotFoundError(f"no summary.json under {dirs}")
+    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
+    for p in paths:
+        with open(p) as f:
+            s = json.load(f)
+        cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
+        lines.append(f"| {os.path.dirname(p)} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    first = dirs.split(",")[0]
+    with open(os.path.join(first if os.path.isdir(first) else ".", "report.md"), "w") as f:
+        f.write(table + "\n")
+    fig = plot_evolution([os.path.dirname(p) for p in paths], os.path.join(first, "attention_evolution.png"))
+    if fig:
+        print(f"attention evolution figure: {fig}")
+    return table
+
+
+# -----------------------------------------------------------------------------
+# The run
+
+def main(argv=None):
+    cfg = get_config(sys.argv[1:] if argv is None else argv)
+    if cfg["report"]:
+        return report(cfg["report"])
+    cfg["out_dir"] = cfg["out_dir"] or os.path.join(
+        "out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep")
+    rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
+    t_start = time.time()
+    resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt")) if cfg["init_from"] == "resume" else None
+    if resume is not None:
+        cfg = {**resume["config"], "init_from": "resume", "halt_after_steps": cfg["halt_after_steps"]}
+    log = RunLog(cfg["out_dir"], cfg, rt.master, resume_step=resume and resume["step"])
+    log_resume_phase = resume and resume["phase"]
+
+    train_ds, val_ds, test_ds = (load_data(cfg["task"], s, cfg) for s in ("train", "val", "test"))
+    pre_task = cfg["pretrain_task"] or cfg["task"]
+    pre_train, pre_val = (train_ds, val_ds) if pre_task == cfg["task"] else \
+        (load_data(pre_task, "train", cfg), load_data(pre_task, "val", cfg))
+    model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
+    if rt.master:
+        print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
+              f"{len(train_ds)}/{len(val_ds)}/{len(test_ds)} train/val/test; pretraining on "
+              f"{pre_task}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
+    reports, scores = {}, {}
+    if rt.master:
+        reports["init"], maps, scores["init"] = proximity_report(model, val_ds, rt)
+        plot_attention(maps, cfg["out_dir"], "init")
+
+    # Phase 1: self-pretraining (skipped when finetuning from a given checkpoint)
+    spt_ckpt, spt_state = None, None
+    pretrain = cfg["pretrain_epochs"] > 0 and cfg["init_from"] in ("", "resume")
+    if pretrain and log_resume_phase != "finetune":
+        if resume is not None:
+            load_state(model, resume["model"])
+        spt_ckpt, spt_state = train_phase("spt", model, pre_train, pre_val, cfg, rt, log, resume)
+        resume = None
+    elif pretrain:
+        spt_ckpt = os.path.join(cfg["out_dir"], "spt_best.pt")
+    elif cfg["init_from"] not in ("", "resume"):
+        spt_ckpt = cfg["init_from"]
+
+    # Phase 2: finetuning from a fresh model with (part of) the SPT weights
+    model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
+    copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
+    if rt.master and spt_ckpt:
+        reports["spt"], maps, scores["spt"] = proximity_report(model, val_ds, rt)
+        plot_attention(maps, cfg["out_dir"], "spt")
+        print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
+    frozen = freeze(model, cfg["freeze"])
+    if resume is not None:
+        load_state(model, resume["model"])
+    best_path, ft_state = train_phase("finetune", model, train_ds, val_ds, cfg, rt, log, resume)
+
+    # Test accuracy at the best validation point
+    load_state(model, load_checkpoint(best_path, rt.device)["model"])
+    test = evaluate(Classification(model), test_ds, cfg, rt, "finetune")
+    summary = dict(
+        task=cfg["task"], depth=cfg["depth"], pretrain_epochs=cfg["pretrain_epochs"],
+        pretrain_task=pre_task, init_from=cfg["init_from"], init_params=cfg["init_params"],
+        freeze=cfg["freeze"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],
+        best_val_acc=ft_state["best"], best_epoch=ft_state["best_epoch"], test_acc=test["acc"],
+        spt_best_val_loss=None if spt_state is None else -spt_state["best"],
+        frozen=len(frozen), copied=len(copied), n_params=model.num_params(),
+        steps=ft_state["step"], wall_time_s=time.time() - t_start, world_size=rt.world_size)
+    if rt.ddp:   # the replicas must hold identical weights
+        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+        gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
+        dist.all_gather(gathered, flat)
+        summary["replica_max_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
+    if rt.master:
+        reports["finetune"], maps, scores["finetune"] = proximity_report(model, val_ds, rt)
+        plot_attention(maps, cfg["out_dir"], "finetune")
+        for stage, r in reports.items():
+            summary[f"mass_w2_{stage}"] = r["mass"]["layers"][0][PROX_WIDTHS.index(2)]
+            summary[f"toeplitz_{stage}"] = r.get("toeplitz")
+            summary[f"near_far_{stage}"] = r.get("near_far")
+        summary["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][PROX_WIDTHS.index(2)]
+        summary["proximity"] = reports
+        log.summary(summary)
+        plot_curves(cfg["out_dir"])
+        plot_proximity(reports, scores, cfg["out_dir"])
+        plot_evolution([cfg["out_dir"]], os.path.join(cfg["out_dir"], "attention_evolution.png"))
+        print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), "
+              f"test acc {test['acc']:.4f}; attention mass within |i-j|<=2: "
+              f"init {summary['mass_w2_init']:.3f}, final {summary['mass_w2_finetune']:.3f} "
+              f"(uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+    if rt.ddp:
+        dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        sys.exit(f"error: {e}")
