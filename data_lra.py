@@ -602,9 +602,9 @@ def read_pathfinder_release(folder, progress=True):
 PATHFINDER_VERSION = 1
 PATHFINDER_PARAMS = {  # the LRA pathfinder32 and Path-X (pathfinder128) generator settings
     32: dict(paddle_length=2, paddle_thickness=0.5, margins=(1,), marker_radius=1.5, seed_distance=7,
-             continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4),
+             continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4, cells=2, spacing=1.5),
     128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
-              continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2),
+              continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2, cells=1, spacing=3),
 }
 N_TURNS = 72  # candidate directions per step (5 degrees apart)
 
@@ -615,147 +615,297 @@ def _params(resolution):
     return PATHFINDER_PARAMS[resolution]
 
 
-def _point_segment_distance(points, segs):
-    """points (..., 2), segs (S, 4) -> distances (..., S)."""
-    a, b = segs[:, :2], segs[:, 2:]
-    ab = b - a
-    ap = points[..., None, :] - a
-    t = np.clip((ap * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-9), 0, 1)
-    return np.linalg.norm(ap - t[..., None] * ab, axis=-1)
+def _segment_distance(points, segs):
+    """Distance from points (..., 2) to segments (..., 4), broadcast against each other."""
+    px, py = points[..., 0], points[..., 1]
+    ax, ay, bx, by = segs[..., 0], segs[..., 1], segs[..., 2], segs[..., 3]
+    dx, dy = bx - ax, by - ay
+    t = np.clip(((px - ax) * dx + (py - ay) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
+    ex, ey = px - ax - t * dx, py - ay - t * dy
+    return np.sqrt(ex * ex + ey * ey)
 
 
-class _Canvas:
-    """The paddles placed so far, and the collision test for new ones."""
+class _Rasters:
+    """Where new paddles may go, for a batch of images: a boolean "forbidden" map per
+    image on a grid `cells` times finer than the pixels (with a border, so stamps near
+    the edge need no bounds checks). Stamping a paddle forbids every cell within
+    `radius` of it; a candidate paddle is free if its two ends and middle fall on
+    allowed cells inside the image."""
 
-    def __init__(self, rng, R, p, margin):
-        self.rng, self.R, self.p, self.m = rng, R, p, margin
-        self.L = p["paddle_length"]
-        self.clear = 2 * margin + p["paddle_thickness"] + margin  # between non-adjacent paddles
-        self.segs = np.zeros((0, 4))
-        self.keep_out = np.zeros((0, 2))  # marker tips that distractors must avoid
-        self.keep_out_r = p["marker_radius"] + margin + p["paddle_thickness"]
-        lo, hi = p["padding"] + p["paddle_thickness"], R - 1 - p["padding"] - p["paddle_thickness"]
-        self.lo, self.hi = lo, hi
-        turns = np.linspace(-np.pi, np.pi, N_TURNS, endpoint=False)
-        w = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
-        self.turns, self.turn_w = turns[w > 1e-6], w[w > 1e-6]
+    def __init__(self, n, R, cells, lo, hi, border):
+        self.g, self.lo, self.hi, self.b = cells, lo, hi, int(np.ceil(border * cells)) + 1
+        self.W = R * cells + 2 * self.b
+        self.map = np.zeros(n * self.W * self.W, bool)  # flat (n, W, W)
 
-    def free(self, segs, skip=None):
-        """Which candidate paddles (K, 4) keep their distance (skip: index of the previous paddle)."""
-        a, b = segs[:, :2], segs[:, 2:]
-        pts = np.stack([a, (a + b) / 2, b], 1)  # (K, 3, 2)
-        ok = ((pts >= self.lo) & (pts <= self.hi)).all((1, 2))
-        others = self.segs if skip is None else np.delete(self.segs, skip, 0)
-        if len(others):
-            ok &= _point_segment_distance(pts, others).min((1, 2)) >= self.clear
-        if len(self.keep_out):
-            ok &= (np.linalg.norm(pts[:, :, None] - self.keep_out, axis=-1) >= self.keep_out_r).all((1, 2))
-        return ok
+    def _flat(self, img, pts):
+        c = np.floor(pts * self.g).astype(np.int64) + self.b
+        return (img * self.W + c[..., 1]) * self.W + c[..., 0]
 
-    def seed(self, tail, angle):
-        """First paddle: from the tail along angle. -> snake state or None."""
-        u = np.array([np.cos(angle), np.sin(angle)])
-        seg = np.concatenate([tail, tail + self.L * u])[None]
-        if not self.free(seg)[0]:
-            return None
-        self.segs = np.concatenate([self.segs, seg])
-        return dict(joint=tail + (self.L + self.m) * u, angle=angle, last=len(self.segs) - 1, tip=tail)
+    def stamp(self, img, segs, radius):
+        """Forbid the cells within radius of segs (k, 4) in images img (k,): a disk of
+        cells stamped at both ends and the middle of each paddle."""
+        if len(img) == 0:
+            return
+        pts = np.stack([segs[:, :2], (segs[:, :2] + segs[:, 2:]) / 2, segs[:, 2:]], 1)  # (k, 3, 2)
+        base = self._flat(img[:, None], pts)
+        self.map[base[:, :, None] + _disk_offsets(radius * self.g, self.W)[None, None]] = True
 
-    def extend(self, s):
-        """Add one paddle after the snake's last joint, turning with the continuity prior."""
-        angles = s["angle"] + self.turns
-        u = np.stack([np.cos(angles), np.sin(angles)], 1)
-        start, end = s["joint"] + self.m * u, s["joint"] + (self.m + self.L) * u
-        ok = self.free(np.concatenate([start, end], 1), skip=s["last"])
-        if not ok.any():
-            return False
-        w = self.turn_w * ok
-        k = self.rng.choice(len(w), p=w / w.sum())
-        self.segs = np.concatenate([self.segs, np.concatenate([start[k], end[k]])[None]])
-        s.update(joint=s["joint"] + (self.L + 2 * self.m) * u[k], angle=angles[k], last=len(self.segs) - 1, tip=end[k])
-        return True
-
-    def snake_tips_clear(self, tips, own_segs, other_segs):
-        """Each target tip keeps room for its marker away from the other target."""
-        d = _point_segment_distance(np.asarray(tips), other_segs)
-        return bool((d >= self.keep_out_r).all())
+    def free(self, img, segs):
+        """segs (k, K, 4) candidates of images img (k,) -> (k, K) free."""
+        a, b = segs[..., :2], segs[..., 2:]
+        pts = np.stack([a, (a + b) / 2, b], -2)  # (k, K, 3, 2)
+        ok = ((pts >= self.lo) & (pts <= self.hi)).all((-1, -2))
+        hit = self.map[self._flat(img[:, None, None], np.clip(pts, self.lo, self.hi))]
+        return ok & ~hit.any(-1)
 
 
-def _two_targets(rng, R, p, length, margin):
-    """Two target snakes grown alternately from seeds seed_distance apart. -> canvas, snakes or None."""
-    c = _Canvas(rng, R, p, margin)
-    sd = p["seed_distance"]
-    tail1 = rng.uniform(2 * sd, R - 1 - 2 * sd, 2) if R - 1 > 4 * sd else np.full(2, (R - 1) / 2)
-    phi = rng.uniform(0, 2 * np.pi)
-    tail2 = tail1 + sd * np.array([np.cos(phi), np.sin(phi)])
-    snakes = [c.seed(tail1, rng.uniform(-np.pi, np.pi)), c.seed(tail2, rng.uniform(-np.pi, np.pi))]
-    if None in snakes:
-        return None
-    origins, owner = [snakes[0]["tip"], snakes[1]["tip"]], [[0], [1]]
-    for _ in range(length - 1):
+_DISKS = {}
+
+
+def _disk_offsets(radius, width):
+    """Flat offsets of the cells within radius (in cells) of a cell, in rows of width."""
+    if (radius, width) not in _DISKS:
+        r = int(np.ceil(radius))
+        dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+        keep = dx ** 2 + dy ** 2 <= radius ** 2
+        _DISKS[radius, width] = (dy[keep] * width + dx[keep]).astype(np.int64)
+    return _DISKS[radius, width]
+
+
+def _unit(angle):
+    return np.stack([np.cos(angle), np.sin(angle)], -1)
+
+
+class _Snakes:
+    """A batch of growing contours: last joint, direction, last paddle, tip."""
+
+    def __init__(self, tail, angle, L, m):
+        self.L, self.m = L, m
+        u = _unit(angle)
+        self.first = np.concatenate([tail, tail + L * u], -1)  # the seed paddle (k, 4)
+        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle, self.first, tail
+
+    def candidates(self, turns, rows):
+        """The paddles after each turn, for the given rows. -> (k, K, 4), angles (k, K)."""
+        angles = self.angle[rows, None] + turns[None]
+        u = _unit(angles)
+        j = self.joint[rows, None]
+        return np.concatenate([j + self.m * u, j + (self.m + self.L) * u], -1), angles
+
+    def step(self, rng, rows, cands, angles, ok, weights):
+        """Pick one free turn per row (continuity prior); rows without one fail. -> success mask."""
+        w = weights[None] * ok
+        total = w.sum(1)
+        alive = total > 0
+        pick = (np.cumsum(w, 1) < (rng.random(len(w)) * total)[:, None]).sum(1).clip(max=w.shape[1] - 1)
+        r = np.nonzero(alive)[0]
+        seg = cands[r, pick[r]]
+        self.last[rows[r]] = seg
+        self.angle[rows[r]] = angles[r, pick[r]]
+        self.joint[rows[r]] = seg[:, :2] + (self.L + self.m) * _unit(self.angle[rows[r]])
+        return alive
+
+
+def _pathfinder_geometry(rng, n_attempts, R, p, length):
+    """Grow pairs of target contours for n_attempts images at once; keep those that finish.
+    -> margin, target paddles (k, 2, length, 4), origins (k, 2, 2), ends (k, 2, 2)."""
+    margin = p["margins"][rng.integers(len(p["margins"]))]
+    L, t, sd = p["paddle_length"], p["paddle_thickness"], p["seed_distance"]
+    clear = 2 * margin + t + p["spacing"]  # centre lines of paddles that are not neighbours stay this far apart
+    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
+    turns = np.linspace(-np.pi, np.pi, N_TURNS, endpoint=False)
+    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
+    turns, weights = turns[weights > 1e-6], weights[weights > 1e-6]
+    n = n_attempts
+    # seeds: the first tail near the centre, the second seed_distance away
+    box = (2 * sd, R - 1 - 2 * sd) if R - 1 > 4 * sd else ((R - 1) / 2, (R - 1) / 2)
+    tail1 = rng.uniform(*box, (n, 2))
+    tail2 = tail1 + sd * _unit(rng.uniform(0, 2 * np.pi, n))
+    snakes = [_Snakes(tail1, rng.uniform(-np.pi, np.pi, n), L, margin),
+              _Snakes(tail2, rng.uniform(-np.pi, np.pi, n), L, margin)]
+    border = p["marker_radius"] + clear + 1  # the widest stamp
+    occupied = _Rasters(n, R, p["cells"], lo, hi, border)  # all paddles but each snake's newest
+    alive = np.ones(n, bool)
+    for s in snakes:
+        ends = s.first.reshape(n, 2, 2)
+        alive &= ((ends >= lo) & (ends <= hi)).all((1, 2))
+    keep_out = p["marker_radius"] + clear - t  # room for a marker at each tip, away from the other target
+    near = lambda cands, seg: _segment_distance(  # distance of candidates (k, K, 4) to one segment each (k, 4)
+        np.stack([cands[..., :2], (cands[..., :2] + cands[..., 2:]) / 2, cands[..., 2:]], -2), seg[:, None, None]).min(-1)
+    alive &= near(snakes[0].first[:, None], snakes[1].first)[:, 0] >= clear
+    for i in (0, 1):
+        alive &= _segment_distance(snakes[1 - i].origin, snakes[i].first) >= keep_out
+    paddles = [[s.first.copy()] for s in snakes]
+    for step in range(length - 1):
         for i, s in enumerate(snakes):
-            if not c.extend(s):
-                return None
-            owner[i].append(s["last"])
-    for i in (0, 1):  # room for the markers at both tips of each target, away from the other target
-        if not c.snake_tips_clear([origins[i], snakes[i]["tip"]], None, c.segs[owner[1 - i]]):
-            return None
-    return c, origins, [snakes[0]["tip"], snakes[1]["tip"]]
+            other = snakes[1 - i]
+            r = np.nonzero(alive)[0]
+            cands, angles = s.candidates(turns, r)
+            ok = occupied.free(r, cands) & (near(cands, other.last[r]) >= clear)
+            ok &= _segment_distance(other.origin[r, None], cands) >= keep_out
+            if step == length - 2:  # the last paddle: its far tip needs room for a marker too
+                done = np.stack(paddles[1 - i], 1)[r]  # (k, m, 4)
+                ok &= _segment_distance(cands[:, :, None, 2:], done[:, None]).min(-1) >= keep_out
+                if i == 1:
+                    ok &= _segment_distance(other.last[r, None, 2:], cands) >= keep_out
+            previous = s.last[r].copy()
+            alive[r] &= s.step(rng, r, cands, angles, ok, weights)
+            keep = alive[r]
+            occupied.stamp(r[keep], previous[keep], clear)  # this snake's previous paddle now counts
+            paddles[i].append(s.last.copy())
+    segs = np.stack([np.stack(paddles[0], 1), np.stack(paddles[1], 1)], 1)  # (n, 2, length, 4)
+    origins = np.stack([s.origin for s in snakes], 1)  # (n, 2, 2)
+    ends = np.stack([s.last[:, 2:] for s in snakes], 1)
+    for i in (0, 1):  # the far tips were not known while growing: check them now
+        tips = np.stack([origins[:, i], ends[:, i]], 1)  # (n, 2, 2)
+        dist = _segment_distance(tips[:, :, None], segs[:, None, 1 - i])  # (n, 2, length)
+        alive &= dist.min((1, 2)) >= keep_out
+    return margin, segs[alive], origins[alive], ends[alive]
 
 
-def _add_distractors(c, n_snakes, length, tries=4):
-    rng = c.rng
+def _add_distractors(rng, R, p, margin, segs, tips, n_snakes, length, tries=4):
+    """Short contours wherever they fit (a failed one is removed and retried). -> list of (k, 4) per image."""
+    n = len(segs)
+    L, t = p["paddle_length"], p["paddle_thickness"]
+    clear = 2 * margin + t + p["spacing"]
+    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
+    turns = np.linspace(-np.pi, np.pi, N_TURNS, endpoint=False)
+    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
+    turns, weights = turns[weights > 1e-6], weights[weights > 1e-6]
+    border = p["marker_radius"] + clear + 1  # the widest stamp
+    occ = _Rasters(n, R, p["cells"], lo, hi, border)
+    rows = np.arange(n)
+    flat = segs.reshape(n, -1, 4)
+    occ.stamp(np.repeat(rows, flat.shape[1]), flat.reshape(-1, 4), clear)
+    tip = tips.reshape(n, -1, 2)
+    occ.stamp(np.repeat(rows, tip.shape[1]), np.concatenate([tip, tip], -1).reshape(-1, 4),
+              p["marker_radius"] + clear - t)
+    out = [[] for _ in range(n)]
     for _ in range(n_snakes):
+        todo = rows.copy()
         for _ in range(tries + 1):
-            n_before = len(c.segs)
-            s = c.seed(rng.uniform(c.lo, c.hi, 2), rng.uniform(-np.pi, np.pi))
-            if s is not None and all(c.extend(s) for _ in range(length - 1)):
+            if len(todo) == 0:
                 break
-            c.segs = c.segs[:n_before]  # drop the incomplete distractor and retry
+            k = len(todo)
+            s = _Snakes(rng.uniform(lo, hi, (k, 2)), rng.uniform(-np.pi, np.pi, k), L, margin)
+            ok = occ.free(todo, s.first[:, None])[:, 0]
+            local = _Rasters(k, R, p["cells"], lo, hi, border)  # this distractor's own paddles, one step late
+            placed, pending = [s.first.copy()], s.first.copy()
+            idx = np.arange(k)
+            for _ in range(length - 1):
+                r = np.nonzero(ok)[0]
+                cands, angles = s.candidates(turns, r)
+                free = occ.free(todo[r], cands) & local.free(r, cands)
+                ok[r] &= s.step(rng, r, cands, angles, free, weights)
+                r = np.nonzero(ok)[0]
+                local.stamp(idx[r], pending[r], clear)
+                pending = s.last.copy()
+                placed.append(s.last.copy())
+            placed = np.stack(placed, 1)  # (k, length, 4)
+            done = np.nonzero(ok)[0]
+            occ.stamp(np.repeat(todo[done], length), placed[done].reshape(-1, 4), clear)
+            for j in done:
+                out[todo[j]].append(placed[j])
+            todo = todo[~ok]
+    return [np.concatenate(o) if o else np.zeros((0, 4)) for o in out]
 
 
-def _render(R, p, segs, markers):
-    """Anti-aliased drawing: coverage on an aa-times finer grid, averaged down."""
-    aa, t = p["aa"], p["paddle_thickness"]
-    H = R * aa
-    hi = np.zeros(H * H, bool)
-    w = int(np.ceil((p["paddle_length"] + t + 2) * aa))  # local window per paddle
-    grid = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="xy"), -1).reshape(-1, 2)
-    if len(segs):
-        lo = np.floor(np.minimum(segs[:, :2], segs[:, 2:]) * aa - aa).astype(int)  # (P, 2) window corners
-        pix = lo[:, None, :] + grid[None]  # (P, w*w, 2) fine pixel indices x, y
-        centres = (pix + 0.5) / aa - 0.5  # in coarse pixel coordinates
-        a, b = segs[:, None, :2], segs[:, None, 2:]
-        ab = b - a
-        tt = np.clip(((centres - a) * ab).sum(-1) / (ab * ab).sum(-1), 0, 1)
-        d = np.linalg.norm(centres - a - tt[..., None] * ab, axis=-1)
-        on = (d <= t / 2) & (pix >= 0).all(-1) & (pix < H).all(-1)
-        hi[(pix[..., 1] * H + pix[..., 0])[on]] = True
-    img = hi.reshape(R, aa, R, aa).mean((1, 3)) * p["contrast"]
-    r = p["marker_radius"]
-    yy, xx = np.mgrid[0:H, 0:H]
-    fine = np.zeros((H, H), bool)
-    for mx, my in markers:
-        fine |= ((xx + 0.5) / aa - 0.5 - mx) ** 2 + ((yy + 0.5) / aa - 0.5 - my) ** 2 <= r * r
-    img = np.maximum(img, fine.reshape(R, aa, R, aa).mean((1, 3)))
-    return np.clip(np.rint(img * 255), 0, 255).astype(np.uint8)
+def _render(R, p, segs_per_image, markers):
+    """Anti-aliased drawing of a batch: coverage on an aa-times finer grid, averaged down.
+    Paddles at the given contrast, the markers (radius marker_radius) at full white."""
+    aa, t, r = p["aa"], p["paddle_thickness"], p["marker_radius"]
+    n, H = len(segs_per_image), R * aa
+
+    def cover(img, segs, radius):
+        fine = np.zeros((n, H, H), bool)
+        if len(img) == 0:
+            return fine
+        w = int(np.ceil((np.abs(segs[:, 2:] - segs[:, :2]).max() + 2 * radius) * aa)) + 2
+        corner = np.floor((np.minimum(segs[:, :2], segs[:, 2:]) - radius) * aa).astype(int)
+        off = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="xy"), -1).reshape(-1, 2)
+        cell = corner[:, None, :] + off[None]
+        centre = (cell + 0.5) / aa - 0.5  # fine cell centres in pixel coordinates (pixel i covers i-0.5..i+0.5)
+        on = (_segment_distance(centre, segs[:, None, :]) <= radius) & (cell >= 0).all(-1) & (cell < H).all(-1)
+        k = np.broadcast_to(img[:, None], on.shape)[on]
+        c = cell[on]
+        fine[k, c[:, 1], c[:, 0]] = True
+        return fine
+
+    img = np.repeat(np.arange(n), [len(s) for s in segs_per_image])
+    lines = cover(img, np.concatenate(segs_per_image), t / 2)
+    dots = cover(np.repeat(np.arange(n), 2), np.concatenate([markers, markers], -1).reshape(-1, 4), r)
+    mean = lambda fine: fine.reshape(n, R, aa, R, aa).mean((2, 4))
+    image = np.maximum(mean(lines) * p["contrast"], mean(dots))
+    return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
+
+
+def pathfinder_batch(rng, labels, resolution=32, contour_length=14):
+    """Images for the given labels. -> uint8 (n, R, R), marker centres (n, 2, 2) as x, y.
+
+    Geometries are grown in bulk (most attempts fail: a contour hits a border or the
+    other one, and is redrawn). Each finished pair is offered as a positive (markers on
+    the tips of one target) or a negative (tips of different targets), and positives
+    and negatives are drawn in pairs from the same bin of marker distance, so that the
+    distance between the markers says nothing about the label."""
+    p = _params(resolution)
+    labels = np.asarray(labels)
+    n_pos, n_neg = int((labels == 1).sum()), int((labels == 0).sum())
+    need, bin_width = max(n_pos, n_neg), resolution / 32
+    geoms, tried = [], 0
+    while need:
+        matched = _distance_matched_pairs(geoms, bin_width)
+        if len(matched) >= need:
+            break
+        success = (len(matched) + 1) / (tried + 20)  # running estimate of matched pairs per attempt
+        attempts = int(min(4000, max(64, 1.3 * (need - len(matched)) / success)))
+        margin, segs, origins, ends = _pathfinder_geometry(rng, attempts, resolution, p, contour_length)
+        tried += attempts
+        k = len(segs)
+        i = rng.integers(2, size=k)  # which target carries the origin marker
+        positive = rng.integers(2, size=k)  # offered as a positive or as a negative
+        rows = np.arange(k)
+        markers = np.stack([origins[rows, i], ends[rows, np.where(positive == 1, i, 1 - i)]], 1)
+        geoms.append(dict(margin=np.full(k, margin), segs=segs, origins=origins, ends=ends,
+                          markers=markers, positive=positive))
+    if not need:
+        return np.zeros((0, resolution, resolution), np.uint8), np.zeros((0, 2, 2))
+    g = {key: np.concatenate([x[key] for x in geoms]) for key in geoms[0]}
+    pairs = matched[rng.permutation(len(matched))[:need]]
+    chosen = np.empty(len(labels), np.int64)
+    chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
+    images = np.zeros((len(labels), resolution, resolution), np.uint8)
+    d_len = max(contour_length // 3, 1)
+    n_distractors = int(np.ceil(p["distractor_paddles"] / d_len))
+    for margin in np.unique(g["margin"][chosen]):
+        out = np.nonzero(g["margin"][chosen] == margin)[0]
+        idx = chosen[out]
+        tips = np.concatenate([g["origins"][idx], g["ends"][idx]], 1)
+        distract = _add_distractors(rng, resolution, p, margin, g["segs"][idx], tips, n_distractors, d_len)
+        all_segs = [np.concatenate([g["segs"][j].reshape(-1, 4), d]) for j, d in zip(idx, distract)]
+        images[out] = _render(resolution, p, all_segs, g["markers"][idx])
+    return images, g["markers"][chosen]
+
+
+def _distance_matched_pairs(geoms, bin_width):
+    """(positive, negative) index pairs with their marker distances in the same bin."""
+    if not geoms:
+        return np.zeros((0, 2), np.int64)
+    markers = np.concatenate([x["markers"] for x in geoms])
+    positive = np.concatenate([x["positive"] for x in geoms])
+    bins = np.floor(np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1) / bin_width).astype(int)
+    pairs = [np.zeros((0, 2), np.int64)]
+    for b in np.unique(bins):
+        pos = np.nonzero((bins == b) & (positive == 1))[0]
+        neg = np.nonzero((bins == b) & (positive == 0))[0]
+        m = min(len(pos), len(neg))
+        pairs.append(np.stack([pos[:m], neg[:m]], 1))
+    return np.concatenate(pairs)
 
 
 def pathfinder_image(rng, label, resolution=32, contour_length=14):
     """One image. -> (uint8 (R, R), marker centres (2, 2) as x, y)."""
-    p = _params(resolution)
-    while True:
-        margin = p["margins"][rng.integers(len(p["margins"]))]
-        out = _two_targets(rng, resolution, p, contour_length, margin)
-        if out is not None:
-            break
-    c, origins, ends = out
-    d_len = max(contour_length // 3, 1)
-    c.keep_out = np.array(origins + ends)
-    _add_distractors(c, int(np.ceil(p["distractor_paddles"] / d_len)), d_len)
-    i = rng.integers(2)  # which target carries the origin marker
-    markers = np.array([origins[i], ends[i] if label == 1 else ends[1 - i]])
-    return _render(resolution, p, c.segs, markers), markers
+    images, markers = pathfinder_batch(rng, [label], resolution, contour_length)
+    return images[0], markers[0]
 
 
 CHUNK = 250  # images per independently seeded chunk: the data do not depend on the number of workers
@@ -765,8 +915,7 @@ def _pathfinder_chunk(args):
     seed, chunk, size, resolution, contour_length = args
     rng = np.random.default_rng([seed, chunk])
     labels = rng.permutation(np.arange(size) % 2)  # balanced labels
-    images = np.stack([pathfinder_image(rng, y, resolution, contour_length)[0] for y in labels])
-    return images, labels
+    return pathfinder_batch(rng, labels, resolution, contour_length)[0], labels
 
 
 def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32, workers=None, progress=True):
@@ -863,11 +1012,10 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
     fig, axes = plt.subplots(len(difficulties), per_difficulty, figsize=(1.6 * per_difficulty, 1.8 * len(difficulties)),
                              squeeze=False, facecolor="white")
     for r, d in enumerate(difficulties):
-        rng = np.random.default_rng([seed, r])
         length = DIFFICULTIES[_difficulty(d)][1]
-        for c, ax in enumerate(axes[r]):
-            label = c % 2
-            image, _ = pathfinder_image(rng, label, resolution, length)
+        labels = np.arange(per_difficulty) % 2
+        images, _ = pathfinder_batch(np.random.default_rng([seed, r]), labels, resolution, length)
+        for ax, image, label in zip(axes[r], images, labels):
             ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
             ax.set_title(f"{'connected' if label else 'apart'} ({label})", fontsize=8)
             ax.set_xticks([]), ax.set_yticks([])
