@@ -606,7 +606,6 @@ PATHFINDER_PARAMS = {  # the LRA pathfinder32 and Path-X (pathfinder128) generat
     128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
               continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2, cells=1, spacing=3),
 }
-N_TURNS = 72  # candidate directions per step (5 degrees apart)
 
 
 def _params(resolution):
@@ -672,6 +671,15 @@ def _disk_offsets(radius, width):
     return _DISKS[radius, width]
 
 
+def _turns(p, margin):
+    """The candidate turns at a joint and their continuity weights cos^2(min(c |turn|, pi/2)).
+    As in the original, one candidate per pixel of arc on the circle the next paddle ends on."""
+    n = int(round(2 * np.pi * (p["paddle_length"] + margin)))
+    turns = np.linspace(-np.pi, np.pi, n, endpoint=False)
+    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
+    return turns[weights > 1e-6], weights[weights > 1e-6]
+
+
 def _unit(angle):
     return np.stack([np.cos(angle), np.sin(angle)], -1)
 
@@ -713,9 +721,7 @@ def _pathfinder_geometry(rng, n_attempts, R, p, length):
     L, t, sd = p["paddle_length"], p["paddle_thickness"], p["seed_distance"]
     clear = 2 * margin + t + p["spacing"]  # centre lines of paddles that are not neighbours stay this far apart
     lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
-    turns = np.linspace(-np.pi, np.pi, N_TURNS, endpoint=False)
-    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
-    turns, weights = turns[weights > 1e-6], weights[weights > 1e-6]
+    turns, weights = _turns(p, margin)
     n = n_attempts
     # seeds: the first tail near the centre, the second seed_distance away
     box = (2 * sd, R - 1 - 2 * sd) if R - 1 > 4 * sd else ((R - 1) / 2, (R - 1) / 2)
@@ -769,9 +775,7 @@ def _add_distractors(rng, R, p, margin, segs, tips, n_snakes, length, tries=4):
     L, t = p["paddle_length"], p["paddle_thickness"]
     clear = 2 * margin + t + p["spacing"]
     lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
-    turns = np.linspace(-np.pi, np.pi, N_TURNS, endpoint=False)
-    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
-    turns, weights = turns[weights > 1e-6], weights[weights > 1e-6]
+    turns, weights = _turns(p, margin)
     border = p["marker_radius"] + clear + 1  # the widest stamp
     occ = _Rasters(n, R, p["cells"], lo, hi, border)
     rows = np.arange(n)
