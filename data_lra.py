@@ -1031,6 +1031,28 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
     return path
 
 
+def _cached_release(folder, data_dir, resolution, progress=True):
+    """Decoding 200k PNGs takes minutes: keep the decoded release next to the generated data,
+    keyed by the metadata files' names, sizes and times."""
+    meta_dir = os.path.join(folder, "metadata")
+    stamp = {f: [os.path.getsize(os.path.join(meta_dir, f)), int(os.path.getmtime(os.path.join(meta_dir, f)))]
+             for f in sorted(os.listdir(meta_dir))}
+    key = dict(release=os.path.abspath(folder), metadata=stamp, resolution=resolution)
+    name = "release-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".npz"
+    path = os.path.join(data_dir, "generated", name)
+    if os.path.exists(path + ".json"):
+        with open(path + ".json") as f:
+            key["n"] = json.load(f).get("key", {}).get("n")
+        cached = _load_npz(path, key) if key["n"] is not None else None
+        if cached is not None:
+            return cached
+    images, labels = read_pathfinder_release(folder, progress)
+    key["n"] = len(labels)
+    if images.shape[1:] == (resolution, resolution):
+        _save_npz(path, key, images, labels)
+    return images, labels
+
+
 def load_pathfinder(split, data_dir, resolution=32, difficulty="contour_length_14", data_source="auto",
                     n=200_000, seed=0, progress=True):
     difficulty = _difficulty(difficulty)
@@ -1040,7 +1062,7 @@ def load_pathfinder(split, data_dir, resolution=32, difficulty="contour_length_1
     if data_source == "release" or (data_source == "auto" and found):
         if not found:
             raise _missing(f"PathFinder{resolution} release (data_source='release')", os.path.join(folder, "metadata"))
-        images, labels = read_pathfinder_release(os.path.dirname(found), progress)
+        images, labels = _cached_release(os.path.dirname(found), data_dir, resolution, progress)
     elif data_source in ("auto", "generated"):
         images, labels = ensure_pathfinder(data_dir, n, seed, difficulty, resolution, progress)
     else:

@@ -343,6 +343,19 @@ def test_pathfinder_export_is_read_back_identically_by_the_release_loader(tmp_pa
             assert torch.equal(gen[i][0], rel[i][0]) and gen[i][1] == rel[i][1]
 
 
+def test_pathfinder_release_decoded_once_then_cached(tmp_path, monkeypatch):
+    images, labels = D.ensure_pathfinder(str(tmp_path), n=20, seed=0, difficulty="baseline", progress=False)
+    D.export_pathfinder_lra(D.pathfinder_folder(str(tmp_path), 32, "baseline"), images, labels, contour_length=6)
+    first = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", progress=False)  # auto: release
+
+    def refuse(*a, **k):
+        raise AssertionError("decoded the PNGs again")
+
+    monkeypatch.setattr(D, "read_pathfinder_release", refuse)
+    again = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", progress=False)
+    assert len(first) == len(again) == 16 and torch.equal(first[0][0], again[0][0])
+
+
 def test_pathfinder_release_reader_greyscale_png_skip_empty_and_malformed(tmp_path):
     from PIL import Image
     folder = tmp_path / "pathfinder32" / "curv_baseline"
@@ -460,3 +473,11 @@ def test_sample_grid_is_written(tmp_path):
     import matplotlib.image
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+@pytest.mark.slow
+def test_pathx_flood_fill_solver_agrees_with_labels():
+    rng = np.random.default_rng(4)
+    labels = rng.permutation(np.arange(100) % 2)
+    images, markers = D.pathfinder_batch(rng, labels, 128, 14)
+    assert (flood_fill_connected(images, markers, threshold=60, reach=6.5) == labels).mean() >= 0.9
