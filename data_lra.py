@@ -597,10 +597,21 @@ def read_pathfinder_release(folder, progress=True):
 # (overlap rejected). Two target contours start seed_distance apart near the centre;
 # short distractor contours fill the rest. Two circle markers go on the origin tip of
 # one target and on the far tip of the same target (label 1) or of the other (label 0):
-# both classes mark one origin and one far tip, so the markers' distance is no cue.
+# both classes mark one origin and one far tip.
+#
+# Two choices of ours, both so that the task is what it claims to be: (1) different
+# contours keep `spacing` more distance between them than the gap between the dashes of
+# one contour (the original used the same margin for both), so following a contour
+# through its gaps never jumps to another one (a flood fill then solves the task);
+# (2) positives and negatives are drawn with the same distribution of marker distance.
+#
+# Settings: the LRA pathfinder32 and Path-X (pathfinder128) generator arguments
+# (paddle length/thickness, margin, marker radius, seed distance, continuity, padding,
+# distractors = 20 (35) paddles in contours of length//3, contrast = snake x paddle
+# contrast); ours: aa (anti-aliasing factor), cells (collision grid per pixel), spacing.
 
 PATHFINDER_VERSION = 1
-PATHFINDER_PARAMS = {  # the LRA pathfinder32 and Path-X (pathfinder128) generator settings
+PATHFINDER_PARAMS = {
     32: dict(paddle_length=2, paddle_thickness=0.5, margins=(1,), marker_radius=1.5, seed_distance=7,
              continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4, cells=2, spacing=1.5),
     128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
@@ -691,7 +702,7 @@ class _Snakes:
         self.L, self.m = L, m
         u = _unit(angle)
         self.first = np.concatenate([tail, tail + L * u], -1)  # the seed paddle (k, 4)
-        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle, self.first, tail
+        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle, self.first.copy(), tail
 
     def candidates(self, turns, rows):
         """The paddles after each turn, for the given rows. -> (k, K, 4), angles (k, K)."""
