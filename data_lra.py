@@ -43,7 +43,6 @@ Command line:
 import hashlib
 import io
 import json
-import math
 import os
 import pickle
 import sys
@@ -356,7 +355,7 @@ def _keep_trees(levels, keep):
     return [{k: v[keep[lv["tree"]]] for k, v in lv.items()} for lv in levels]
 
 
-def _evaluate_and_write(levels, n_trees):
+def _evaluate_and_write(levels):
     """Bottom-up: each node's value and written size; top-down: each token's position.
     Written form, as the LRA script's to_string: an operator with n children is
     '( ' * (n+1) + op, then each child followed by ' )', then '] )'."""
@@ -431,7 +430,7 @@ def generate_listops(n=100_000, seed=0, batch=20_000, progress=True):
         remap = np.cumsum(keep) - 1
         for lv in levels:
             lv["tree"] = remap[lv["tree"]]
-        values, sizes, codes = _evaluate_and_write(levels, k)
+        values, sizes, codes = _evaluate_and_write(levels)
         chars = _LISTOPS_WRITTEN[codes].view(np.uint8)
         text = chars[chars != 0].tobytes()  # the tokens, each followed by one space
         nbytes = np.array([len(w) for w in _LISTOPS_WRITTEN])[codes]
