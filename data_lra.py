@@ -870,6 +870,8 @@ def pathfinder_batch(rng, labels, resolution=32, contour_length=14):
         matched = _distance_matched_pairs(geoms, bin_width)
         if len(matched) >= need:
             break
+        if tried > 1000 * (need + 100) and len(matched) < need:
+            raise RuntimeError(f"PathFinder{resolution}: contours of length {contour_length} hardly ever fit")
         success = (len(matched) + 1) / (tried + 20)  # running estimate of matched pairs per attempt
         attempts = int(min(4000, max(64, 1.3 * (need - len(matched)) / success)))
         margin, segs, origins, ends = _pathfinder_geometry(rng, attempts, resolution, p, contour_length)
@@ -889,7 +891,7 @@ def pathfinder_batch(rng, labels, resolution=32, contour_length=14):
     chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
     images = np.zeros((len(labels), resolution, resolution), np.uint8)
     d_len = max(contour_length // 3, 1)
-    n_distractors = int(np.ceil(p["distractor_paddles"] / d_len))
+    n_distractors = p["distractor_paddles"] // d_len  # as num_distractor_snakes = 20 // distractor_length
     for margin in np.unique(g["margin"][chosen]):
         out = np.nonzero(g["margin"][chosen] == margin)[0]
         idx = chosen[out]
