@@ -1,0 +1,1215 @@
+"""
+Long Range Arena (Tay et al., 2021) data: five tasks, read from the official
+files, plus offline generators for the two procedural ones.
+
+    task        input                          classes  length   split sizes
+    listops     nested [MIN [MAX [MED [SM ]    10       <= 2000  96k / 2k / 2k
+    text        IMDb review, bytes             2        4096     25k / 25k(test=val) / 25k
+    retrieval   two AAN papers, bytes each     2        4000 x2  release sizes
+    image       CIFAR-10 in grey, pixels       10       1024     45k / 5k / 10k
+    pathfinder  32x32 "snakes" image, pixels   2        1024     80 / 10 / 10 %
+    pathx       the same at 128x128            2        16384    80 / 10 / 10 %
+
+Every example is a sequence of integer tokens and an int label; no [CLS] token
+is added (the model pools). Vocabularies (pad and mask are reserved ids):
+
+    pixels and bytes   0..255, pad=256, mask=257           vocab 258
+    listops            digits 0..9 are ids 0..9, [MIN=10 [MAX=11 [MED=12
+                       [SM=13 ]=14, pad=15, mask=16        vocab 17
+
+Files, read exactly as released (data_dir defaults to ./data):
+
+    listops-1000/basic_{train,val,test}.tsv      header Source<TAB>Target
+    aclImdb/{train,test}/{pos,neg}/*.txt         (IMDb, test doubles as val)
+    new_aan_pairs.{train,eval,test}.tsv          label id1 id2 text1 text2
+    cifar-10-batches-py/data_batch_1..5, test_batch   (python pickles)
+    pathfinder32/curv_contour_length_14/{imgs/<b>/sample_<i>.png, metadata/<b>.npy}
+
+ListOps and PathFinder are procedurally generated datasets, so when their files
+are missing they are generated here (faithful re-implementations of the LRA
+ListOps script and of Linsley et al.'s "snakes" PathFinder generator), cached
+under data_dir, and loaded through the same readers as the release.
+
+    ds = load_task("pathfinder", "train", data_dir="data")
+    tokens, label = ds[0]
+    tokens, pad_mask, labels = ds.collate([ds[0], ds[1]])
+
+Command line:
+    python data_lra.py --task=listops --generate
+    python data_lra.py --task=pathfinder --generate --difficulty=baseline --n=2000 --grid
+    python data_lra.py --task=pathfinder --generate --format=lra   (PNG + metadata)
+"""
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+import torch
+
+# -----------------------------------------------------------------------------
+# vocabularies
+
+BYTE_PAD, BYTE_MASK, BYTE_VOCAB = 256, 257, 258  # pixels and bytes
+LISTOPS_TOKENS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
+LISTOPS_ID = {t: i for i, t in enumerate(LISTOPS_TOKENS)}
+LISTOPS_PAD, LISTOPS_MASK, LISTOPS_VOCAB = 15, 16, 17
+LISTOPS_OPS = ["[MIN", "[MAX", "[MED", "[SM"]
+
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+SPLITS = ("train", "val", "test")
+SOURCES = (
+    "ListOps, AAN retrieval, PathFinder: the LRA release lra_release.gz "
+    "(github.com/google-research/long-range-arena); CIFAR-10: the python version "
+    "cifar-10-python.tar.gz (www.cs.toronto.edu/~kriz/cifar.html); IMDb: aclImdb_v1.tar.gz "
+    "(ai.stanford.edu/~amaas/data/sentiment). ListOps and PathFinder need no download: "
+    "--task=listops|pathfinder generate them offline (data_source='generated' or 'auto')."
+)
+
+
+# -----------------------------------------------------------------------------
+# the dataset every loader returns
+
+
+class LRADataset(torch.utils.data.Dataset):
+    """Token sequences and int labels, plus the facts a model needs.
+
+    sequences: a uint8 array (N, L) for fixed-length tasks, a list of 1-D integer
+    arrays for variable-length ones, or a list of (doc1, doc2) for retrieval.
+    """
+
+    def __init__(self, task, split, sequences, labels, vocab_size, n_classes, max_len, pad_id, mask_id):
+        assert len(sequences) == len(labels), (len(sequences), len(labels))
+        self.task, self.split = task, split
+        self.sequences, self.labels = sequences, np.asarray(labels, dtype=np.int64)
+        self.vocab_size, self.n_classes, self.max_len = vocab_size, n_classes, max_len
+        self.pad_id, self.mask_id = pad_id, mask_id
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        x = self.sequences[i]
+        if isinstance(x, tuple):  # retrieval: the two documents, padded to a common length
+            L = max(len(x[0]), len(x[1]))
+            tokens = torch.full((2, L), self.pad_id, dtype=torch.long)
+            for j, doc in enumerate(x):
+                tokens[j, : len(doc)] = torch.from_numpy(doc.astype(np.int64))
+        else:
+            tokens = torch.from_numpy(np.asarray(x, dtype=np.int64))
+        return tokens, int(self.labels[i])
+
+    def collate(self, items):
+        """-> tokens (B, T) or (B, 2, T) padded with pad_id, pad_mask (True at padding)
+        or None when nothing is padded, labels (B,)."""
+        seqs = [t for t, _ in items]
+        T = max(s.shape[-1] for s in seqs)
+        tokens = torch.full((len(seqs), *seqs[0].shape[:-1], T), self.pad_id, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            tokens[i, ..., : s.shape[-1]] = s
+        pad_mask = tokens == self.pad_id  # pad_id is reserved, so this marks exactly the padding
+        labels = torch.tensor([y for _, y in items], dtype=torch.long)
+        return tokens, (pad_mask if pad_mask.any() else None), labels
+
+
+def _byte_dataset(task, split, sequences, labels, n_classes, max_len):
+    return LRADataset(task, split, sequences, labels, BYTE_VOCAB, n_classes, max_len, BYTE_PAD, BYTE_MASK)
+
+
+# -----------------------------------------------------------------------------
+# finding files, clear errors
+
+
+def _find(data_dir, relpath):
+    """The released archive nests folders (lra_release/...); accept those too."""
+    for root in ("", "lra_release", os.path.join("lra_release", "lra_release"), os.path.join("lra_release", "tsv_data")):
+        p = os.path.join(data_dir, root, relpath)
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def _missing(what, path):
+    return FileNotFoundError(f"{what}: expected {path} (not found). Where the files come from: {SOURCES}")
+
+
+def _malformed(path, lineno, why):
+    return ValueError(f"{path}, line {lineno}: {why}")
+
+
+# -----------------------------------------------------------------------------
+# ListOps: reading the TSV
+
+
+def listops_tokenize(source, path="<string>", lineno=0):
+    """'( ( [MAX 2 ) 9 ] )' -> ids: delete ( and ), split on whitespace."""
+    words = source.replace("(", " ").replace(")", " ").split()
+    try:
+        return np.array([LISTOPS_ID[w] for w in words], dtype=np.uint8)
+    except KeyError as e:
+        raise _malformed(path, lineno, f"unknown ListOps token {e.args[0]!r}") from None
+
+
+def read_listops_tsv(path, max_len=2000):
+    """-> (list of uint8 id arrays, labels). Header Source<TAB>Target, label 0..9."""
+    seqs, labels = [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        header = f.readline().rstrip("\r\n")
+        if header.split("\t") != ["Source", "Target"]:
+            raise _malformed(path, 1, f"expected the header 'Source<TAB>Target', got {header[:60]!r}")
+        for lineno, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
+                raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
+            seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
+            labels.append(int(fields[1]))
+    return seqs, labels
+
+
+def load_listops(split, data_dir, max_len=2000):
+    fname = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basic_test.tsv"}[split]
+    path = _find(data_dir, os.path.join("listops-1000", fname))
+    if path is None:
+        raise _missing("ListOps", os.path.join(data_dir, "listops-1000", fname))
+    seqs, labels = read_listops_tsv(path, max_len)
+    return LRADataset("listops", split, seqs, labels, LISTOPS_VOCAB, 10, max_len, LISTOPS_PAD, LISTOPS_MASK)
+
+
+# -----------------------------------------------------------------------------
+# Text: IMDb reviews, byte level
+
+
+def load_text(split, data_dir, max_len=4096):
+    sub = "train" if split == "train" else "test"  # LRA: the test set doubles as validation
+    root = os.path.join(data_dir, "aclImdb", sub)
+    seqs, labels = [], []
+    for label, polarity in ((0, "neg"), (1, "pos")):
+        folder = os.path.join(root, polarity)
+        if not os.path.isdir(folder):
+            raise _missing("IMDb (text task)", folder)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".txt"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    seqs.append(np.frombuffer(f.read()[:max_len], dtype=np.uint8))
+                labels.append(label)
+    return _byte_dataset("text", split, seqs, labels, 2, max_len)
+
+
+# -----------------------------------------------------------------------------
+# Retrieval: AAN paper pairs, byte level
+
+
+def read_aan_tsv(path, max_len=4000):
+    """No header; columns label id1 id2 text1 text2 (tab separated, no quoting)."""
+    pairs, labels = [], []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            line = line.rstrip(b"\r\n")
+            if not line:
+                continue
+            fields = line.split(b"\t")
+            if len(fields) != 5:
+                raise _malformed(path, lineno, f"expected 5 tab-separated columns (label id1 id2 text1 text2), got {len(fields)}")
+            try:
+                label = int(float(fields[0]))
+            except ValueError:
+                raise _malformed(path, lineno, f"label {fields[0][:20]!r} is not a number") from None
+            if label not in (0, 1):
+                raise _malformed(path, lineno, f"label {label} is not 0 or 1")
+            doc = lambda b: np.frombuffer(b[:max_len], dtype=np.uint8)
+            pairs.append((doc(fields[3]), doc(fields[4])))
+            labels.append(label)
+    return pairs, labels
+
+
+def load_retrieval(split, data_dir, max_len=4000):
+    fname = f"new_aan_pairs.{ {'train': 'train', 'val': 'eval', 'test': 'test'}[split] }.tsv"
+    path = _find(data_dir, fname)
+    if path is None:
+        raise _missing("AAN (retrieval task)", os.path.join(data_dir, fname))
+    pairs, labels = read_aan_tsv(path, max_len)
+    return _byte_dataset("retrieval", split, pairs, labels, 2, max_len)
+
+
+# -----------------------------------------------------------------------------
+# Image: CIFAR-10 in grey, read with a restricted unpickler
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Admits numpy array reconstruction and builtin containers only, so a
+    tampered pickle cannot name (and so cannot run) any other callable, e.g. os.system."""
+
+    _array = np.zeros(1).__reduce__()[0]  # numpy's _reconstruct (numpy.core or numpy._core)
+    _scalar = np.float32(0).__reduce__()[0]  # numpy's scalar rebuilder
+    ALLOWED = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    _frombuffer = np.zeros(1).__reduce_ex__(5)[0]  # protocol 5 array rebuilder
+    for _m in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        ALLOWED[(_m, "_reconstruct")], ALLOWED[(_m, "scalar")] = _array, _scalar
+    for _m in ("numpy.core.numeric", "numpy._core.numeric"):
+        ALLOWED[(_m, "_frombuffer")] = _frombuffer
+    # python 3 writes bytes into protocol-2 pickles as _codecs.encode(text, "latin1")
+    ALLOWED[("_codecs", "encode")] = lambda text, codec="latin1": text.encode(
+        codec if codec in ("latin1", "latin-1") else "refused codec")
+    for _m in ("builtins", "__builtin__"):  # python 3 and python 2 names
+        for _c in (dict, list, tuple, set, frozenset, bytearray):
+            ALLOWED[(_m, _c.__name__)] = _c
+
+    def find_class(self, module, name):
+        obj = self.ALLOWED.get((module, name))
+        if obj is None:
+            raise pickle.UnpicklingError(f"refusing to load global {module}.{name} from a data file")
+        return obj
+
+
+def read_cifar_batch(path):
+    """-> (uint8 grey images (N, 1024), labels). Rows are 1024 R, 1024 G, 1024 B."""
+    with open(path, "rb") as f:
+        d = RestrictedUnpickler(f, encoding="bytes").load()
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: expected a dict, got {type(d).__name__}")
+    d = {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
+    if "data" not in d or "labels" not in d:
+        raise ValueError(f"{path}: expected keys 'data' and 'labels', got {sorted(d)}")
+    rgb = np.asarray(d["data"], dtype=np.float64).reshape(-1, 3, 1024)
+    if rgb.shape[0] != len(d["labels"]):
+        raise ValueError(f"{path}: {rgb.shape[0]} images but {len(d['labels'])} labels")
+    grey = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]  # ITU-R 601 luma, as tf.image.rgb_to_grayscale
+    return np.clip(np.rint(grey), 0, 255).astype(np.uint8), np.asarray(d["labels"], dtype=np.int64)
+
+
+def load_image(split, data_dir):
+    root = os.path.join(data_dir, "cifar-10-batches-py")
+    names = ["test_batch"] if split == "test" else [f"data_batch_{i}" for i in range(1, 6)]
+    xs, ys = [], []
+    for name in names:
+        path = os.path.join(root, name)
+        if not os.path.exists(path):
+            raise _missing("CIFAR-10 (image task)", path)
+        x, y = read_cifar_batch(path)
+        xs.append(x), ys.append(y)
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if split != "test":  # train = the first 90% of the 50k training images, val = the last 10%
+        cut = int(round(0.9 * len(y)))
+        x, y = (x[:cut], y[:cut]) if split == "train" else (x[cut:], y[cut:])
+    return _byte_dataset("image", split, x, y, 10, 1024)
+
+
+# -----------------------------------------------------------------------------
+# ListOps generator (Nangia & Bowman 2018, as in the LRA script): a node is a
+# leaf (a digit) with probability 0.75 below max_depth, else an operator with
+# 2..max_args children; keep trees of 500 < length < 2000 tokens, deduplicated.
+# Here a whole forest is grown at once, one depth level at a time, with numpy.
+
+LISTOPS_VERSION = 1
+LEAF_P, MAX_DEPTH, MAX_ARGS, MIN_LENGTH, MAX_LENGTH = 0.75, 10, 10, 500, 2000
+
+
+def listops_value(tokens):
+    """Evaluate a tokenised expression (parens removed), e.g. ['[MAX', '2', '9', ']'] -> 9."""
+    stack, result = [], []
+    for t in tokens:
+        if t in LISTOPS_OPS:
+            stack.append((t, []))
+        elif t == "]":
+            if not stack:
+                raise ValueError("']' without an operator")
+            op, args = stack.pop()
+            if not args:
+                raise ValueError(f"{op} without arguments")
+            value = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10,
+                     "[MED": lambda a: int(np.median(a))}[op](args)
+            (stack[-1][1] if stack else result).append(value)
+        elif t.isdigit() and len(t) == 1:
+            (stack[-1][1] if stack else result).append(int(t))
+        else:
+            raise ValueError(f"unknown token {t!r}")
+    if stack or len(result) != 1:
+        raise ValueError("not one complete expression")
+    return result[0]
+
+
+def _grow_forest(rng, n_trees):
+    """Levels of a random forest; per level: op (-1 for a leaf), digit, n_children, tree id."""
+    levels, tree = [], np.arange(n_trees)
+    for depth in range(1, MAX_DEPTH + 1):
+        m = len(tree)
+        is_op = (rng.random(m) >= LEAF_P) if depth < MAX_DEPTH else np.zeros(m, bool)
+        n_children = np.where(is_op, rng.integers(2, MAX_ARGS + 1, m), 0)
+        op = np.where(is_op, rng.integers(0, 4, m), -1)
+        levels.append(dict(op=op, digit=rng.integers(0, 10, m), n=n_children, tree=tree))
+        tree = np.repeat(tree, n_children)  # children are contiguous, in order
+        if len(tree) == 0:
+            break
+    return levels
+
+
+def _keep_trees(levels, keep):
+    """Restrict every level to the trees with keep[tree] (order preserved)."""
+    return [{k: v[keep[lv["tree"]]] for k, v in lv.items()} for lv in levels]
+
+
+def _evaluate_and_write(levels):
+    """Bottom-up: each node's value and written size; top-down: each token's position.
+    Written form, as the LRA script's to_string: an operator with n children is
+    '( ' * (n+1) + op, then each child followed by ' )', then '] )'."""
+    D = len(levels)
+    value, size = [None] * D, [None] * D
+    for d in range(D - 1, -1, -1):
+        lv = levels[d]
+        v, s = lv["digit"].copy(), np.ones(len(lv["op"]), np.int64)
+        ops = np.nonzero(lv["op"] >= 0)[0]
+        if len(ops):
+            cv, cs = value[d + 1], size[d + 1]
+            start = np.concatenate([[0], np.cumsum(lv["n"])[:-1]])[ops]
+            n = lv["n"][ops]
+            parent = np.repeat(np.arange(len(ops)), n)  # operator index of each child
+            hist = np.zeros((len(ops), 10), np.int64)
+            np.add.at(hist, (parent, cv), 1)
+            cum = hist.cumsum(1)
+            kth = lambda k: (cum <= k[:, None]).sum(1)  # k-th smallest child (0-based)
+            med = (kth((n - 1) // 2) + kth(n // 2)) // 2  # int(np.median): floor of the mean of the middle two
+            results = np.stack([np.minimum.reduceat(cv, start), np.maximum.reduceat(cv, start),
+                                med, np.add.reduceat(cv, start) % 10])
+            v[ops] = results[lv["op"][ops], np.arange(len(ops))]
+            s[ops] = 2 * n + 4 + np.add.reduceat(cs, start)
+        value[d], size[d] = v, s
+    # positions: roots one after another in one buffer; a child starts after its parent's
+    # n+1 '(' and op token, plus its earlier siblings and their ')'
+    codes = np.full(int(size[0].sum()), 16, np.uint8)  # 16 = ')', overwritten below where needed
+    pos = np.concatenate([[0], np.cumsum(size[0])[:-1]])
+    for d in range(D):
+        lv = levels[d]
+        leaf, op = lv["op"] < 0, lv["op"] >= 0
+        codes[pos[leaf]] = lv["digit"][leaf]
+        p, n = pos[op], lv["n"][op]
+        opens = np.repeat(p, n + 1) + _ranges(n + 1)
+        codes[opens] = 15  # '('
+        codes[p + n + 1] = 10 + lv["op"][op]
+        codes[p + size[d][op] - 2] = 14  # ']'
+        if d + 1 < D and len(p):
+            child_step = size[d + 1] + 1
+            before = np.cumsum(child_step) - child_step  # exclusive cumsum over all children
+            first = np.concatenate([[0], np.cumsum(lv["n"])[:-1]])[op]
+            before -= np.repeat(before[first], n)
+            pos = np.repeat(p + n + 2, n) + before
+    return value[0], size[0], codes
+
+
+def _ranges(counts):
+    """[0..c0-1, 0..c1-1, ...]"""
+    ends = np.cumsum(counts)
+    return np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts)
+
+
+_LISTOPS_WRITTEN = np.array([f"{d} " for d in range(10)] + ["[MIN ", "[MAX ", "[MED ", "[SM ", "] ", "( ", ") "], dtype="S5")
+
+
+def generate_listops(n=100_000, seed=0, batch=20_000, progress=True):
+    """-> list of (expression string, label) with n distinct expressions."""
+    from tqdm import tqdm
+    rng = np.random.default_rng(seed)
+    data = {}
+    bar = tqdm(total=n, desc="listops", disable=not progress, unit="ex")
+    while len(data) < n:
+        levels = _grow_forest(rng, batch)
+        length = np.zeros(batch, np.int64)  # tokens without parens: digits + 2 per operator
+        for lv in levels:
+            length += np.bincount(lv["tree"], weights=np.where(lv["op"] >= 0, 2, 1), minlength=batch).astype(np.int64)
+        keep = (length > MIN_LENGTH) & (length < MAX_LENGTH)
+        k = int(keep.sum())
+        if k == 0:
+            continue
+        levels = _keep_trees(levels, keep)
+        remap = np.cumsum(keep) - 1
+        for lv in levels:
+            lv["tree"] = remap[lv["tree"]]
+        values, sizes, codes = _evaluate_and_write(levels)
+        chars = _LISTOPS_WRITTEN[codes].view(np.uint8)
+        text = chars[chars != 0].tobytes()  # the tokens, each followed by one space
+        nbytes = np.array([len(w) for w in _LISTOPS_WRITTEN])[codes]
+        ends = np.cumsum(np.add.reduceat(nbytes, np.concatenate([[0], np.cumsum(sizes)[:-1]])))
+        before = len(data)
+        for i, end in enumerate(ends):
+            start = ends[i - 1] if i else 0
+            data.setdefault(text[start:end - 1].decode(), int(values[i]))
+            if len(data) == n:
+                break
+        bar.update(len(data) - before)
+    bar.close()
+    items = list(data.items())
+    order = rng.permutation(len(items))
+    return [items[i] for i in order]
+
+
+def write_listops_tsv(path, rows):
+    """The official layout: header Source<TAB>Target, one expression per line."""
+    _atomic_write_text(path, "Source\tTarget\n" + "".join(f"{s}\t{v}\n" for s, v in rows))
+
+
+def _atomic_write_text(path, text):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# -----------------------------------------------------------------------------
+# the cache of generated data: files plus a JSON sidecar written last, holding the
+# key (version, seed, n, ...) and each file's sha256, so that a stale, truncated or
+# half-written cache is detected and generated again. Every write is atomic.
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cache_ok(sidecar, key, files):
+    try:
+        with open(sidecar) as f:
+            meta = json.load(f)
+        return meta["key"] == key and all(meta["sha256"][os.path.basename(p)] == _sha256(p) for p in files)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _write_sidecar(sidecar, key, files):
+    meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
+    _atomic_write_text(sidecar, json.dumps(meta, indent=1))
+
+
+def _split_80_10_10(n, split, seed=0):
+    """Indices of one split of a fixed seeded permutation (PathFinder: 80/10/10)."""
+    order = np.random.default_rng(seed).permutation(n)
+    a, b = int(0.8 * n), int(0.9 * n)
+    return np.sort({"train": order[:a], "val": order[a:b], "test": order[b:]}[split])
+
+
+def generated_listops_dir(data_dir, n=100_000, seed=0):
+    """Generated ListOps, in the official layout: <dir>/listops-1000/basic_*.tsv."""
+    return os.path.join(data_dir, "generated", f"listops-v{LISTOPS_VERSION}-seed{seed}-n{n}")
+
+
+def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
+    """Generate ListOps once (96%/2%/2%, i.e. 96k/2k/2k for n=100k) unless a valid cache exists."""
+    root = generated_listops_dir(data_dir, n, seed)
+    files = [os.path.join(root, "listops-1000", f"basic_{s}.tsv") for s in SPLITS]
+    sidecar, key = os.path.join(root, "cache.json"), dict(version=LISTOPS_VERSION, seed=seed, n=n)
+    if _cache_ok(sidecar, key, files):
+        return root
+    print(f"data_lra: generating ListOps (n={n}, seed={seed}) into {root} (once; cached for later runs)")
+    rows = generate_listops(n, seed, progress=progress)
+    n_val = int(round(0.02 * n))
+    n_train = n - 2 * n_val
+    for path, part in zip(files, (rows[:n_train], rows[n_train:n_train + n_val], rows[n_train + n_val:])):
+        write_listops_tsv(path, part)
+    _write_sidecar(sidecar, key, files)
+    return root
+
+
+# -----------------------------------------------------------------------------
+# PathFinder: reading the release layout (PNG images + metadata text lines)
+
+DIFFICULTIES = {"baseline": ("curv_baseline", 6), "contour_length_9": ("curv_contour_length_9", 9),
+                "contour_length_14": ("curv_contour_length_14", 14)}
+EMPTY_IMAGE = "curv_baseline/imgs/0/sample_172.png"  # known empty in the release
+
+
+def _difficulty(d):
+    """'baseline' | 'contour_length_9' | 'contour_length_14' (also 6, 9, 14 or the folder name)."""
+    for name, (folder, length) in DIFFICULTIES.items():
+        if d in (name, folder, length, str(length)):
+            return name
+    raise ValueError(f"unknown difficulty {d!r}; use one of {list(DIFFICULTIES)} (contour length 6, 9, 14)")
+
+
+def pathfinder_folder(root, resolution=32, difficulty="contour_length_14"):
+    return os.path.join(root, f"pathfinder{resolution}", DIFFICULTIES[_difficulty(difficulty)][0])
+
+
+def _read_png_grey(path):
+    import matplotlib.image
+    x = matplotlib.image.imread(path)
+    if x.ndim == 3:
+        x = x[..., 0]
+    if x.dtype != np.uint8:
+        x = np.rint(x * 255)
+    return x.astype(np.uint8)
+
+
+def _metadata_lines(path):
+    """The release's metadata/<batch>.npy files are text; np.save'd string arrays are read too."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(b"\x93NUMPY"):
+        return [" ".join(map(str, row)) for row in np.load(io.BytesIO(raw), allow_pickle=False)]
+    return raw.decode("utf-8").split("\n")
+
+
+def read_pathfinder_release(folder, progress=True):
+    """-> (uint8 images (N, R, R), labels (N,)) in metadata order."""
+    from tqdm import tqdm
+    meta_dir = os.path.join(folder, "metadata")
+    if not os.path.isdir(meta_dir):
+        raise _missing("PathFinder", meta_dir)
+    names = sorted((f for f in os.listdir(meta_dir) if f.endswith(".npy")),
+                   key=lambda f: (len(f), f))  # 0.npy, 1.npy, ..., 10.npy
+    entries = []
+    for name in names:
+        path = os.path.join(meta_dir, name)
+        for lineno, line in enumerate(_metadata_lines(path), start=1):
+            if not line.strip():
+                continue
+            fields = line.split(" ")
+            if len(fields) < 4 or not fields[3].lstrip("-").isdigit():
+                raise _malformed(path, lineno, "expected '<subdir> <file> <index> <label> ...' separated by spaces")
+            rel = os.path.join(fields[0], fields[1])
+            if os.path.join(os.path.basename(folder), rel).replace(os.sep, "/") == EMPTY_IMAGE:
+                continue
+            entries.append((os.path.join(folder, rel), int(fields[3])))
+    images = []
+    for path, _ in tqdm(entries, desc=f"reading {folder}", disable=not progress, unit="img"):
+        if not os.path.exists(path):
+            raise _missing("PathFinder image listed in the metadata", path)
+        images.append(_read_png_grey(path))
+    labels = np.array([y for _, y in entries], dtype=np.int64)
+    return np.stack(images) if images else np.zeros((0, 0, 0), np.uint8), labels
+
+
+# -----------------------------------------------------------------------------
+# PathFinder generator (Linsley et al. 2018, "snakes"; the LRA settings). A contour
+# is a chain of short dashes ("paddles"). Joints are (length + 2 margin) apart and
+# each paddle fills the middle of its step, leaving a margin-wide gap at both ends.
+# At every joint the direction turns by delta with weight cos^2(min(continuity |delta|,
+# pi/2)) among the turns whose paddle keeps its distance from everything drawn
+# (overlap rejected). Two target contours start seed_distance apart near the centre;
+# short distractor contours fill the rest. Two circle markers go on the origin tip of
+# one target and on the far tip of the same target (label 1) or of the other (label 0):
+# both classes mark one origin and one far tip.
+#
+# Two choices of ours, both so that the task is what it claims to be: (1) different
+# contours keep `spacing` more distance between them than the gap between the dashes of
+# one contour (the original used the same margin for both), so following a contour
+# through its gaps never jumps to another one (a flood fill then solves the task);
+# (2) positives and negatives are drawn with the same distribution of marker distance.
+#
+# Settings: the LRA pathfinder32 and Path-X (pathfinder128) generator arguments
+# (paddle length/thickness, margin, marker radius, seed distance, continuity, padding,
+# distractors = 20 (35) paddles in contours of length//3, contrast = snake x paddle
+# contrast); ours: aa (anti-aliasing factor), cells (collision grid per pixel), spacing.
+
+PATHFINDER_VERSION = 1
+PATHFINDER_PARAMS = {
+    32: dict(paddle_length=2, paddle_thickness=0.5, margins=(1,), marker_radius=1.5, seed_distance=7,
+             continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4, cells=2, spacing=1.5),
+    128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
+              continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2, cells=1, spacing=3),
+}
+
+
+def _params(resolution):
+    if resolution not in PATHFINDER_PARAMS:
+        raise ValueError(f"PathFinder resolution must be one of {list(PATHFINDER_PARAMS)}, got {resolution}")
+    return PATHFINDER_PARAMS[resolution]
+
+
+def _segment_distance(points, segs):
+    """Distance from points (..., 2) to segments (..., 4), broadcast against each other."""
+    px, py = points[..., 0], points[..., 1]
+    ax, ay, bx, by = segs[..., 0], segs[..., 1], segs[..., 2], segs[..., 3]
+    dx, dy = bx - ax, by - ay
+    t = np.clip(((px - ax) * dx + (py - ay) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
+    ex, ey = px - ax - t * dx, py - ay - t * dy
+    return np.sqrt(ex * ex + ey * ey)
+
+
+class _Rasters:
+    """Where new paddles may go, for a batch of images: a boolean "forbidden" map per
+    image on a grid `cells` times finer than the pixels (with a border, so stamps near
+    the edge need no bounds checks). Stamping a paddle forbids every cell within
+    `radius` of it; a candidate paddle is free if its two ends and middle fall on
+    allowed cells inside the image."""
+
+    def __init__(self, n, R, cells, lo, hi, border):
+        self.g, self.lo, self.hi, self.b = cells, lo, hi, int(np.ceil(border * cells)) + 1
+        self.W = R * cells + 2 * self.b
+        self.map = np.zeros(n * self.W * self.W, bool)  # flat (n, W, W)
+
+    def _flat(self, img, pts):
+        c = np.floor(pts * self.g).astype(np.int64) + self.b
+        return (img * self.W + c[..., 1]) * self.W + c[..., 0]
+
+    def stamp(self, img, segs, radius):
+        """Forbid the cells within radius of segs (k, 4) in images img (k,): a disk of
+        cells stamped at both ends and the middle of each paddle."""
+        if len(img) == 0:
+            return
+        pts = np.stack([segs[:, :2], (segs[:, :2] + segs[:, 2:]) / 2, segs[:, 2:]], 1)  # (k, 3, 2)
+        base = self._flat(img[:, None], pts)
+        self.map[base[:, :, None] + _disk_offsets(radius * self.g, self.W)[None, None]] = True
+
+    def free(self, img, segs):
+        """segs (k, K, 4) candidates of images img (k,) -> (k, K) free."""
+        a, b = segs[..., :2], segs[..., 2:]
+        pts = np.stack([a, (a + b) / 2, b], -2)  # (k, K, 3, 2)
+        ok = ((pts >= self.lo) & (pts <= self.hi)).all((-1, -2))
+        hit = self.map[self._flat(img[:, None, None], np.clip(pts, self.lo, self.hi))]
+        return ok & ~hit.any(-1)
+
+
+_DISKS = {}
+
+
+def _disk_offsets(radius, width):
+    """Flat offsets of the cells within radius (in cells) of a cell, in rows of width."""
+    if (radius, width) not in _DISKS:
+        r = int(np.ceil(radius))
+        dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+        keep = dx ** 2 + dy ** 2 <= radius ** 2
+        _DISKS[radius, width] = (dy[keep] * width + dx[keep]).astype(np.int64)
+    return _DISKS[radius, width]
+
+
+def _turns(p, margin):
+    """The candidate turns at a joint and their continuity weights cos^2(min(c |turn|, pi/2)).
+    As in the original, one candidate per pixel of arc on the circle the next paddle ends on."""
+    n = int(round(2 * np.pi * (p["paddle_length"] + margin)))
+    turns = np.linspace(-np.pi, np.pi, n, endpoint=False)
+    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
+    return turns[weights > 1e-6], weights[weights > 1e-6]
+
+
+def _unit(angle):
+    return np.stack([np.cos(angle), np.sin(angle)], -1)
+
+
+class _Snakes:
+    """A batch of growing contours: last joint, direction, last paddle, tip."""
+
+    def __init__(self, tail, angle, L, m):
+        self.L, self.m = L, m
+        u = _unit(angle)
+        self.first = np.concatenate([tail, tail + L * u], -1)  # the seed paddle (k, 4)
+        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle, self.first.copy(), tail
+
+    def candidates(self, turns, rows):
+        """The paddles after each turn, for the given rows. -> (k, K, 4), angles (k, K)."""
+        angles = self.angle[rows, None] + turns[None]
+        u = _unit(angles)
+        j = self.joint[rows, None]
+        return np.concatenate([j + self.m * u, j + (self.m + self.L) * u], -1), angles
+
+    def step(self, rng, rows, cands, angles, ok, weights):
+        """Pick one free turn per row (continuity prior); rows without one fail. -> success mask."""
+        w = weights[None] * ok
+        total = w.sum(1)
+        alive = total > 0
+        pick = (np.cumsum(w, 1) < (rng.random(len(w)) * total)[:, None]).sum(1).clip(max=w.shape[1] - 1)
+        r = np.nonzero(alive)[0]
+        seg = cands[r, pick[r]]
+        self.last[rows[r]] = seg
+        self.angle[rows[r]] = angles[r, pick[r]]
+        self.joint[rows[r]] = seg[:, :2] + (self.L + self.m) * _unit(self.angle[rows[r]])
+        return alive
+
+
+def _pathfinder_geometry(rng, n_attempts, R, p, length):
+    """Grow pairs of target contours for n_attempts images at once; keep those that finish.
+    -> margin, target paddles (k, 2, length, 4), origins (k, 2, 2), ends (k, 2, 2)."""
+    margin = p["margins"][rng.integers(len(p["margins"]))]
+    L, t, sd = p["paddle_length"], p["paddle_thickness"], p["seed_distance"]
+    clear = 2 * margin + t + p["spacing"]  # centre lines of paddles that are not neighbours stay this far apart
+    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
+    turns, weights = _turns(p, margin)
+    n = n_attempts
+    # seeds: the first tail near the centre, the second seed_distance away
+    box = (2 * sd, R - 1 - 2 * sd) if R - 1 > 4 * sd else ((R - 1) / 2, (R - 1) / 2)
+    tail1 = rng.uniform(*box, (n, 2))
+    tail2 = tail1 + sd * _unit(rng.uniform(0, 2 * np.pi, n))
+    snakes = [_Snakes(tail1, rng.uniform(-np.pi, np.pi, n), L, margin),
+              _Snakes(tail2, rng.uniform(-np.pi, np.pi, n), L, margin)]
+    border = p["marker_radius"] + clear + 1  # the widest stamp
+    occupied = _Rasters(n, R, p["cells"], lo, hi, border)  # all paddles but each snake's newest
+    alive = np.ones(n, bool)
+    for s in snakes:
+        ends = s.first.reshape(n, 2, 2)
+        alive &= ((ends >= lo) & (ends <= hi)).all((1, 2))
+    keep_out = p["marker_radius"] + clear - t  # room for a marker at each tip, away from the other target
+    near = lambda cands, seg: _segment_distance(  # distance of candidates (k, K, 4) to one segment each (k, 4)
+        np.stack([cands[..., :2], (cands[..., :2] + cands[..., 2:]) / 2, cands[..., 2:]], -2), seg[:, None, None]).min(-1)
+    alive &= near(snakes[0].first[:, None], snakes[1].first)[:, 0] >= clear
+    for i in (0, 1):
+        alive &= _segment_distance(snakes[1 - i].origin, snakes[i].first) >= keep_out
+    paddles = [[s.first.copy()] for s in snakes]
+    for step in range(length - 1):
+        for i, s in enumerate(snakes):
+            other = snakes[1 - i]
+            r = np.nonzero(alive)[0]
+            cands, angles = s.candidates(turns, r)
+            ok = occupied.free(r, cands) & (near(cands, other.last[r]) >= clear)
+            ok &= _segment_distance(other.origin[r, None], cands) >= keep_out
+            if step == length - 2:  # the last paddle: its far tip needs room for a marker too
+                done = np.stack(paddles[1 - i], 1)[r]  # (k, m, 4)
+                ok &= _segment_distance(cands[:, :, None, 2:], done[:, None]).min(-1) >= keep_out
+                if i == 1:
+                    ok &= _segment_distance(other.last[r, None, 2:], cands) >= keep_out
+            previous = s.last[r].copy()
+            alive[r] &= s.step(rng, r, cands, angles, ok, weights)
+            keep = alive[r]
+            occupied.stamp(r[keep], previous[keep], clear)  # this snake's previous paddle now counts
+            paddles[i].append(s.last.copy())
+    segs = np.stack([np.stack(paddles[0], 1), np.stack(paddles[1], 1)], 1)  # (n, 2, length, 4)
+    origins = np.stack([s.origin for s in snakes], 1)  # (n, 2, 2)
+    ends = np.stack([s.last[:, 2:] for s in snakes], 1)
+    for i in (0, 1):  # the far tips were not known while growing: check them now
+        tips = np.stack([origins[:, i], ends[:, i]], 1)  # (n, 2, 2)
+        dist = _segment_distance(tips[:, :, None], segs[:, None, 1 - i])  # (n, 2, length)
+        alive &= dist.min((1, 2)) >= keep_out
+    return margin, segs[alive], origins[alive], ends[alive]
+
+
+def _add_distractors(rng, R, p, margin, segs, tips, n_snakes, length, tries=4):
+    """Short contours wherever they fit (a failed one is removed and retried). -> list of (k, 4) per image."""
+    n = len(segs)
+    L, t = p["paddle_length"], p["paddle_thickness"]
+    clear = 2 * margin + t + p["spacing"]
+    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
+    turns, weights = _turns(p, margin)
+    border = p["marker_radius"] + clear + 1  # the widest stamp
+    occ = _Rasters(n, R, p["cells"], lo, hi, border)
+    rows = np.arange(n)
+    flat = segs.reshape(n, -1, 4)
+    occ.stamp(np.repeat(rows, flat.shape[1]), flat.reshape(-1, 4), clear)
+    tip = tips.reshape(n, -1, 2)
+    occ.stamp(np.repeat(rows, tip.shape[1]), np.concatenate([tip, tip], -1).reshape(-1, 4),
+              p["marker_radius"] + clear - t)
+    out = [[] for _ in range(n)]
+    for _ in range(n_snakes):
+        todo = rows.copy()
+        for _ in range(tries + 1):
+            if len(todo) == 0:
+                break
+            k = len(todo)
+            s = _Snakes(rng.uniform(lo, hi, (k, 2)), rng.uniform(-np.pi, np.pi, k), L, margin)
+            ok = occ.free(todo, s.first[:, None])[:, 0]
+            local = _Rasters(k, R, p["cells"], lo, hi, border)  # this distractor's own paddles, one step late
+            placed, pending = [s.first.copy()], s.first.copy()
+            idx = np.arange(k)
+            for _ in range(length - 1):
+                r = np.nonzero(ok)[0]
+                cands, angles = s.candidates(turns, r)
+                free = occ.free(todo[r], cands) & local.free(r, cands)
+                ok[r] &= s.step(rng, r, cands, angles, free, weights)
+                r = np.nonzero(ok)[0]
+                local.stamp(idx[r], pending[r], clear)
+                pending = s.last.copy()
+                placed.append(s.last.copy())
+            placed = np.stack(placed, 1)  # (k, length, 4)
+            done = np.nonzero(ok)[0]
+            occ.stamp(np.repeat(todo[done], length), placed[done].reshape(-1, 4), clear)
+            for j in done:
+                out[todo[j]].append(placed[j])
+            todo = todo[~ok]
+    return [np.concatenate(o) if o else np.zeros((0, 4)) for o in out]
+
+
+def _render(R, p, segs_per_image, markers):
+    """Anti-aliased drawing of a batch: coverage on an aa-times finer grid, averaged down.
+    Paddles at the given contrast, the markers (radius marker_radius) at full white."""
+    aa, t, r = p["aa"], p["paddle_thickness"], p["marker_radius"]
+    n, H = len(segs_per_image), R * aa
+
+    def cover(img, segs, radius):
+        fine = np.zeros((n, H, H), bool)
+        if len(img) == 0:
+            return fine
+        w = int(np.ceil((np.abs(segs[:, 2:] - segs[:, :2]).max() + 2 * radius) * aa)) + 2
+        corner = np.floor((np.minimum(segs[:, :2], segs[:, 2:]) - radius) * aa).astype(int)
+        off = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="xy"), -1).reshape(-1, 2)
+        cell = corner[:, None, :] + off[None]
+        centre = (cell + 0.5) / aa - 0.5  # fine cell centres in pixel coordinates (pixel i covers i-0.5..i+0.5)
+        on = (_segment_distance(centre, segs[:, None, :]) <= radius) & (cell >= 0).all(-1) & (cell < H).all(-1)
+        k = np.broadcast_to(img[:, None], on.shape)[on]
+        c = cell[on]
+        fine[k, c[:, 1], c[:, 0]] = True
+        return fine
+
+    img = np.repeat(np.arange(n), [len(s) for s in segs_per_image])
+    lines = cover(img, np.concatenate(segs_per_image), t / 2)
+    dots = cover(np.repeat(np.arange(n), 2), np.concatenate([markers, markers], -1).reshape(-1, 4), r)
+    mean = lambda fine: fine.reshape(n, R, aa, R, aa).mean((2, 4))
+    image = np.maximum(mean(lines) * p["contrast"], mean(dots))
+    return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
+
+
+def pathfinder_batch(rng, labels, resolution=32, contour_length=14):
+    """Images for the given labels. -> uint8 (n, R, R), marker centres (n, 2, 2) as x, y.
+
+    Geometries are grown in bulk (most attempts fail: a contour hits a border or the
+    other one, and is redrawn). Each finished pair is offered as a positive (markers on
+    the tips of one target) or a negative (tips of different targets), and positives
+    and negatives are drawn in pairs from the same bin of marker distance, so that the
+    distance between the markers says nothing about the label."""
+    p = _params(resolution)
+    labels = np.asarray(labels)
+    n_pos, n_neg = int((labels == 1).sum()), int((labels == 0).sum())
+    need, bin_width = max(n_pos, n_neg), resolution / 32
+    geoms, tried = [], 0
+    while need:
+        matched = _distance_matched_pairs(geoms, bin_width)
+        if len(matched) >= need:
+            break
+        if tried > 1000 * (need + 100) and len(matched) < need:
+            raise RuntimeError(f"PathFinder{resolution}: contours of length {contour_length} hardly ever fit")
+        success = (len(matched) + 1) / (tried + 20)  # running estimate of matched pairs per attempt
+        attempts = int(min(4000, max(64, 1.3 * (need - len(matched)) / success)))
+        margin, segs, origins, ends = _pathfinder_geometry(rng, attempts, resolution, p, contour_length)
+        tried += attempts
+        k = len(segs)
+        i = rng.integers(2, size=k)  # which target carries the origin marker
+        positive = rng.integers(2, size=k)  # offered as a positive or as a negative
+        rows = np.arange(k)
+        markers = np.stack([origins[rows, i], ends[rows, np.where(positive == 1, i, 1 - i)]], 1)
+        geoms.append(dict(margin=np.full(k, margin), segs=segs, origins=origins, ends=ends,
+                          markers=markers, positive=positive))
+    if not need:
+        return np.zeros((0, resolution, resolution), np.uint8), np.zeros((0, 2, 2))
+    g = {key: np.concatenate([x[key] for x in geoms]) for key in geoms[0]}
+    pairs = matched[rng.permutation(len(matched))[:need]]
+    chosen = np.empty(len(labels), np.int64)
+    chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
+    images = np.zeros((len(labels), resolution, resolution), np.uint8)
+    d_len = max(contour_length // 3, 1)
+    n_distractors = p["distractor_paddles"] // d_len  # as num_distractor_snakes = 20 // distractor_length
+    for margin in np.unique(g["margin"][chosen]):
+        out = np.nonzero(g["margin"][chosen] == margin)[0]
+        idx = chosen[out]
+        tips = np.concatenate([g["origins"][idx], g["ends"][idx]], 1)
+        distract = _add_distractors(rng, resolution, p, margin, g["segs"][idx], tips, n_distractors, d_len)
+        all_segs = [np.concatenate([g["segs"][j].reshape(-1, 4), d]) for j, d in zip(idx, distract)]
+        images[out] = _render(resolution, p, all_segs, g["markers"][idx])
+    return images, g["markers"][chosen]
+
+
+def _distance_matched_pairs(geoms, bin_width):
+    """(positive, negative) index pairs with their marker distances in the same bin."""
+    if not geoms:
+        return np.zeros((0, 2), np.int64)
+    markers = np.concatenate([x["markers"] for x in geoms])
+    positive = np.concatenate([x["positive"] for x in geoms])
+    bins = np.floor(np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1) / bin_width).astype(int)
+    pairs = [np.zeros((0, 2), np.int64)]
+    for b in np.unique(bins):
+        pos = np.nonzero((bins == b) & (positive == 1))[0]
+        neg = np.nonzero((bins == b) & (positive == 0))[0]
+        m = min(len(pos), len(neg))
+        pairs.append(np.stack([pos[:m], neg[:m]], 1))
+    return np.concatenate(pairs)
+
+
+def pathfinder_image(rng, label, resolution=32, contour_length=14):
+    """One image. -> (uint8 (R, R), marker centres (2, 2) as x, y)."""
+    images, markers = pathfinder_batch(rng, [label], resolution, contour_length)
+    return images[0], markers[0]
+
+
+CHUNK = 250  # images per independently seeded chunk: the data do not depend on the number of workers
+
+
+def _pathfinder_chunk(args):
+    seed, chunk, size, resolution, contour_length = args
+    rng = np.random.default_rng([seed, chunk])
+    labels = rng.permutation(np.arange(size) % 2)  # balanced labels
+    return pathfinder_batch(rng, labels, resolution, contour_length)[0], labels
+
+
+def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32, workers=None, progress=True):
+    """-> uint8 images (n, R, R), int64 labels (n,), half of each label."""
+    from tqdm import tqdm
+    length = DIFFICULTIES[_difficulty(difficulty)][1]
+    _params(resolution)
+    jobs = [(seed, c, min(CHUNK, n - c * CHUNK), resolution, length) for c in range((n + CHUNK - 1) // CHUNK)]
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    bar = tqdm(total=n, desc=f"pathfinder{resolution} {difficulty}", disable=not progress, unit="img")
+    parts = []
+    if workers <= 1:
+        for job in jobs:
+            parts.append(_pathfinder_chunk(job))
+            bar.update(job[2])
+    else:
+        import multiprocessing as mp
+        with mp.get_context("fork" if sys.platform != "win32" else "spawn").Pool(workers) as pool:
+            for part in pool.imap(_pathfinder_chunk, jobs):
+                parts.append(part)
+                bar.update(len(part[1]))
+    bar.close()
+    if not parts:
+        return np.zeros((0, resolution, resolution), np.uint8), np.zeros(0, np.int64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.int64)
+
+
+def generated_pathfinder_path(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32):
+    folder = DIFFICULTIES[_difficulty(difficulty)][0]
+    return os.path.join(data_dir, "generated", f"pathfinder{resolution}-{folder}-v{PATHFINDER_VERSION}-seed{seed}-n{n}.npz")
+
+
+def _load_npz(path, key):
+    """Cached images and labels, or None if missing, stale or damaged."""
+    sidecar = path + ".json"
+    if not _cache_ok(sidecar, key, [path]):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            images, labels = z["images"], z["labels"]
+    except (OSError, ValueError, KeyError):
+        return None
+    R = key["resolution"]
+    if images.shape != (key["n"], R, R) or labels.shape != (key["n"],):
+        return None
+    return images, labels
+
+
+def _save_npz(path, key, images, labels):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, images=images.astype(np.uint8), labels=labels.astype(np.int64))
+    os.replace(tmp, path)
+    _write_sidecar(path + ".json", key, [path])
+
+
+def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32, progress=True):
+    """Generated PathFinder from the cache, generating it once if needed. -> images, labels."""
+    difficulty = _difficulty(difficulty)
+    path = generated_pathfinder_path(data_dir, n, seed, difficulty, resolution)
+    key = dict(version=PATHFINDER_VERSION, seed=seed, n=n, difficulty=difficulty, resolution=resolution)
+    cached = _load_npz(path, key)
+    if cached is not None:
+        return cached
+    print(f"data_lra: generating PathFinder{resolution} {difficulty} (n={n}, seed={seed}) into {path} (once; cached for later runs)")
+    images, labels = generate_pathfinder(n, seed, difficulty, resolution, progress=progress)
+    _save_npz(path, key, images, labels)
+    return images, labels
+
+
+def export_pathfinder_lra(folder, images, labels, batch_size=1000, contour_length=14, resolution=32):
+    """Write the official layout: <folder>/imgs/<b>/sample_<i>.png and <folder>/metadata/<b>.npy,
+    whose text lines read 'imgs/<b> sample_<i>.png <i> <label> <continuity> <contour length> ...'."""
+    import matplotlib.image
+    from tqdm import tqdm
+    p = _params(resolution)
+    for b in tqdm(range((len(labels) + batch_size - 1) // batch_size), desc=f"export {folder}", unit="batch"):
+        os.makedirs(os.path.join(folder, "imgs", str(b)), exist_ok=True)
+        lines = []
+        for i in range(b * batch_size, min((b + 1) * batch_size, len(labels))):
+            name = f"sample_{i}.png"
+            matplotlib.image.imsave(os.path.join(folder, "imgs", str(b), name), images[i], cmap="gray", vmin=0, vmax=255)
+            lines.append(f"imgs/{b} {name} {i} {int(labels[i])} {p['continuity']} {contour_length} "
+                         f"{contour_length // 3} {p['paddle_length']} {p['paddle_thickness']} {p['margins'][0]} 1\n")
+        _atomic_write_text(os.path.join(folder, "metadata", f"{b}.npy"), "".join(lines))
+
+
+def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties=tuple(DIFFICULTIES)):
+    """A PNG with one row of generated samples per difficulty, labels in the titles."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(difficulties), per_difficulty, figsize=(1.6 * per_difficulty, 1.8 * len(difficulties)),
+                             squeeze=False, facecolor="white")
+    for r, d in enumerate(difficulties):
+        length = DIFFICULTIES[_difficulty(d)][1]
+        labels = np.arange(per_difficulty) % 2
+        images, _ = pathfinder_batch(np.random.default_rng([seed, r]), labels, resolution, length)
+        for ax, image, label in zip(axes[r], images, labels):
+            ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+            ax.set_title(f"{'connected' if label else 'apart'} ({label})", fontsize=8)
+            ax.set_xticks([]), ax.set_yticks([])
+        axes[r][0].set_ylabel(f"{d}\n(length {length})", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _cached_release(folder, data_dir, resolution, progress=True):
+    """Decoding 200k PNGs takes minutes: keep the decoded release next to the generated data,
+    keyed by the metadata files' names, sizes and times."""
+    meta_dir = os.path.join(folder, "metadata")
+    stamp = {f: [os.path.getsize(os.path.join(meta_dir, f)), int(os.path.getmtime(os.path.join(meta_dir, f)))]
+             for f in sorted(os.listdir(meta_dir))}
+    key = dict(release=os.path.abspath(folder), metadata=stamp, resolution=resolution)
+    name = "release-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".npz"
+    path = os.path.join(data_dir, "generated", name)
+    if os.path.exists(path + ".json"):
+        with open(path + ".json") as f:
+            key["n"] = json.load(f).get("key", {}).get("n")
+        cached = _load_npz(path, key) if key["n"] is not None else None
+        if cached is not None:
+            return cached
+    images, labels = read_pathfinder_release(folder, progress)
+    key["n"] = len(labels)
+    if images.shape[1:] == (resolution, resolution):
+        _save_npz(path, key, images, labels)
+    return images, labels
+
+
+def load_pathfinder(split, data_dir, resolution=32, difficulty="contour_length_14", data_source="auto",
+                    n=200_000, seed=0, progress=True):
+    difficulty = _difficulty(difficulty)
+    task = "pathfinder" if resolution == 32 else "pathx"
+    folder = pathfinder_folder(data_dir, resolution, difficulty)
+    found = _find(data_dir, os.path.relpath(os.path.join(folder, "metadata"), data_dir))
+    if data_source == "release" or (data_source == "auto" and found):
+        if not found:
+            raise _missing(f"PathFinder{resolution} release (data_source='release')", os.path.join(folder, "metadata"))
+        images, labels = _cached_release(os.path.dirname(found), data_dir, resolution, progress)
+    elif data_source in ("auto", "generated"):
+        images, labels = ensure_pathfinder(data_dir, n, seed, difficulty, resolution, progress)
+    else:
+        raise ValueError(f"data_source must be 'auto', 'generated' or 'release', got {data_source!r}")
+    idx = _split_80_10_10(len(labels), split)
+    return _byte_dataset(task, split, images[idx].reshape(len(idx), -1), labels[idx], 2, resolution * resolution)
+
+
+def load_listops_task(split, data_dir, max_len=2000, data_source="auto", n=100_000, seed=0, progress=True):
+    found = _find(data_dir, os.path.join("listops-1000", "basic_train.tsv"))
+    if data_source == "release" or (data_source == "auto" and found):
+        return load_listops(split, data_dir, max_len)  # its error names the expected path
+    if data_source not in ("auto", "generated"):
+        raise ValueError(f"data_source must be 'auto', 'generated' or 'release', got {data_source!r}")
+    return load_listops(split, ensure_listops(data_dir, n, seed, progress), max_len)
+
+
+# -----------------------------------------------------------------------------
+# the one entry point
+
+TASK_OPTIONS = {  # task -> (loader, its options and defaults)
+    "listops": (load_listops_task, dict(max_len=2000, data_source="auto", n=100_000, seed=0, progress=True)),
+    "text": (load_text, dict(max_len=4096)),
+    "retrieval": (load_retrieval, dict(max_len=4000)),
+    "image": (load_image, dict()),
+    "pathfinder": (load_pathfinder, dict(resolution=32, difficulty="contour_length_14", data_source="auto",
+                                         n=200_000, seed=0, progress=True)),
+    "pathx": (load_pathfinder, dict(resolution=128, difficulty="contour_length_14", data_source="auto",
+                                    n=200_000, seed=0, progress=True)),
+}
+
+
+def load_task(name, split, data_dir="data", **options):
+    """-> LRADataset for one split of one task. Options (with defaults) per task are in TASK_OPTIONS;
+    max_len=None means the task's default everywhere."""
+    if name not in TASK_OPTIONS:
+        raise ValueError(f"unknown task {name!r}; choose from {list(TASK_OPTIONS)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
+    loader, defaults = TASK_OPTIONS[name]
+    if options.get("max_len", 0) is None:
+        options.pop("max_len")
+    if name in ("image", "pathfinder", "pathx") and "max_len" in options:
+        fixed = 1024 if name == "image" else options.get("resolution", defaults["resolution"]) ** 2
+        if options.pop("max_len") != fixed:
+            raise ValueError(f"{name} has fixed length {fixed}; max_len cannot change it")
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)} for task {name!r}; it takes {defaults}")
+    return loader(split, data_dir, **{**defaults, **options})
+
+
+# -----------------------------------------------------------------------------
+# command line: python data_lra.py --task=pathfinder --generate [--key=value ...]
+
+CLI_DEFAULTS = dict(task="pathfinder", generate=False, grid=False, n=None, seed=0, difficulty="contour_length_14",
+                    resolution=None, data_dir="data", format="npz")
+
+
+def parse_args(argv):
+    """--key=value overrides of CLI_DEFAULTS (typed like the default); a bare --flag means True."""
+    cfg = dict(CLI_DEFAULTS)
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print("python data_lra.py [--key=value ...], keys and defaults:")
+            for k, v in CLI_DEFAULTS.items():
+                print(f"  --{k}={v}")
+            sys.exit(0)
+        if not arg.startswith("--"):
+            raise SystemExit(f"data_lra.py: expected --key=value, got {arg!r}")
+        key, eq, value = arg[2:].partition("=")
+        if key not in cfg:
+            raise SystemExit(f"data_lra.py: unknown key --{key}; known keys: {', '.join('--' + k for k in cfg)}")
+        if not eq:
+            if not isinstance(CLI_DEFAULTS[key], bool):
+                raise SystemExit(f"data_lra.py: --{key} needs a value (--{key}=...)")
+            value = "True"
+        default = CLI_DEFAULTS[key]
+        try:
+            if isinstance(default, bool):
+                if value not in ("True", "False", "1", "0", "true", "false"):
+                    raise ValueError
+                cfg[key] = value in ("True", "1", "true")
+            elif key in ("n", "resolution", "seed"):
+                cfg[key] = int(value)
+            else:
+                cfg[key] = value
+        except ValueError:
+            raise SystemExit(f"data_lra.py: bad value for --{key}: {value!r}") from None
+    if cfg["task"] not in TASK_OPTIONS:
+        raise SystemExit(f"data_lra.py: unknown --task={cfg['task']}; choose from {', '.join(TASK_OPTIONS)}")
+    if cfg["format"] not in ("npz", "lra"):
+        raise SystemExit(f"data_lra.py: --format must be npz or lra, got {cfg['format']!r}")
+    return cfg
+
+
+def main(argv):
+    cfg = parse_args(argv)
+    task, data_dir, seed = cfg["task"], cfg["data_dir"], cfg["seed"]
+    if task in ("pathfinder", "pathx"):
+        R = cfg["resolution"] or (32 if task == "pathfinder" else 128)
+        difficulty = _difficulty(cfg["difficulty"])
+        if cfg["grid"]:
+            path = save_sample_grid(os.path.join(data_dir, "generated", f"pathfinder{R}_grid.png"), R, seed=seed)
+            print(f"data_lra: wrote {path}")
+        if cfg["generate"]:
+            n = cfg["n"] or 200_000
+            t0 = time.time()
+            images, labels = ensure_pathfinder(data_dir, n, seed, difficulty, R)
+            print(f"data_lra: {len(labels)} images {images.shape[1:]} ({labels.mean():.3f} positive) "
+                  f"at {generated_pathfinder_path(data_dir, n, seed, difficulty, R)} in {time.time() - t0:.1f}s")
+            if cfg["format"] == "lra":
+                folder = pathfinder_folder(data_dir, R, difficulty)
+                if os.path.exists(folder):
+                    raise SystemExit(f"data_lra.py: {folder} exists; not overwriting it")
+                export_pathfinder_lra(folder, images, labels, contour_length=DIFFICULTIES[difficulty][1], resolution=R)
+                print(f"data_lra: exported the official layout to {folder}")
+    elif task == "listops":
+        if cfg["generate"]:
+            n = cfg["n"] or 100_000
+            t0 = time.time()
+            root = ensure_listops(data_dir, n, seed)
+            print(f"data_lra: ListOps n={n} in {os.path.join(root, 'listops-1000')} ({time.time() - t0:.1f}s)")
+    elif cfg["generate"] or cfg["grid"]:
+        raise SystemExit(f"data_lra.py: --task={task} reads released files; only listops and pathfinder are generated")
+    if not (cfg["generate"] or cfg["grid"]):  # describe what load_task sees
+        options = {}
+        if task in ("listops", "pathfinder", "pathx"):
+            options = dict(seed=seed, **({"n": cfg["n"]} if cfg["n"] else {}))
+        if task in ("pathfinder", "pathx"):
+            options.update(difficulty=cfg["difficulty"], **({"resolution": cfg["resolution"]} if cfg["resolution"] else {}))
+        for split in SPLITS:
+            ds = load_task(task, split, data_dir, **options)
+            print(f"{task} {split}: {len(ds)} examples, vocab {ds.vocab_size}, classes {ds.n_classes}, max_len {ds.max_len}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
