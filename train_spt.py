@@ -40,8 +40,8 @@ from tqdm import tqdm
 
 import synthetic
 from model import Transformer, TransformerConfig, select_params
-from training import (RunLog, configure, grad_norm, load_checkpoint, load_state, lr_at,
-                      read_log, save_checkpoint, setup_runtime, unwrap, write_json)
+from training import (RunLog, configure, load_checkpoint, load_state, lr_at, read_log,
+                      save_checkpoint, setup_runtime, unwrap)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs, SPEC.md).
@@ -51,6 +51,9 @@ DEFAULTS = dict(
     pretrain_task="",        # "" = the task itself; else pretrain on another task's data
     data_dir="data",
     data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
+    n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
+    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14
+    max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
     n_train=0,               # use only the first n training examples (0 = all)
     n_eval=0,                # use only the first n val/test examples (0 = all)
     out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep
@@ -112,7 +115,16 @@ def load_data(task, split, cfg):
         ds = synthetic.load_split(split, seed=cfg["seed"])
     else:
         import data_lra   # imported here so the synthetic task needs nothing else
-        ds = data_lra.load_task(task, split, cfg["data_dir"], data_source=cfg["data_source"])
+        options = {}
+        if task in ("listops", "pathfinder", "pathx"):
+            options["data_source"] = cfg["data_source"]
+            if cfg["n_generate"]:
+                options["n"] = cfg["n_generate"]
+        if task in ("pathfinder", "pathx"):
+            options["difficulty"] = cfg["difficulty"]
+        if task in ("listops", "text", "retrieval") and cfg["max_len"]:
+            options["max_len"] = cfg["max_len"]
+        ds = data_lra.load_task(task, split, cfg["data_dir"], **options)
     n = cfg["n_train"] if split == "train" else cfg["n_eval"]
     return Subset(ds, n) if 0 < n < len(ds) else ds
 
@@ -367,6 +379,8 @@ def evaluate(objective, ds, cfg, rt, phase):
 # -----------------------------------------------------------------------------
 # One training phase (SPT or finetuning): the loop, checkpoints, early stopping
 
+STEPS_RUN = [0]   # optimizer steps taken by this process, both phases (for --halt_after_steps)
+
 def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
     """Train `model` in place. phase='spt': masked reconstruction, best = lowest val
     loss. phase='finetune': classification, best = highest val accuracy. Returns the
@@ -443,8 +457,8 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
                 if not math.isfinite(value):
                     raise FloatingPointError(
                         f"[{phase}] loss became {value} at step {state['step']}; stopping. The last "
-                        f"good checkpoint is {cfg['out_dir']}/ckpt.pt. Lower --lr, or raise --grad_clip "
-                        f"protection (--grad_clip=1.0), and resume with --init_from=resume.")
+                        f"good checkpoint is {cfg['out_dir']}/ckpt.pt. Lower --lr (or set --grad_clip "
+                        f"if it is 0) and resume with --init_from=resume.")
                 log.log(phase=phase, step=state["step"], epoch=epoch, loss=value,
                         lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
                 bar.set_postfix(loss=f"{value:.4f}")
@@ -455,9 +469,10 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
                 snapshot_attention(model, val_ds, rt, cfg, phase, state["step"])
             if cfg["ckpt_every"] and state["step"] % cfg["ckpt_every"] == 0:
                 checkpoint()
-            if cfg["halt_after_steps"] and state["step"] >= cfg["halt_after_steps"]:
+            STEPS_RUN[0] += 1
+            if cfg["halt_after_steps"] and STEPS_RUN[0] >= cfg["halt_after_steps"]:
                 bar.close()
-                raise SystemExit(f"halted after {state['step']} steps (--halt_after_steps)")
+                raise SystemExit(f"halted after {STEPS_RUN[0]} steps (--halt_after_steps)")
         bar.close()
         metrics = evaluate(objective, val_ds, cfg, rt, phase)
         score = -metrics["loss"] if spt else metrics["acc"]
@@ -644,8 +659,17 @@ def report(dirs):
 # -----------------------------------------------------------------------------
 # The run
 
+PHASES = ("spt", "finetune")
+
+
+def written_before(ckpt):
+    """The log records an interrupted run wrote up to its checkpoint (to keep on resume)."""
+    at = (PHASES.index(ckpt["phase"]), ckpt["step"])
+    return lambda r: (PHASES.index(r["phase"]), r["step"]) <= at
+
 def main(argv=None):
     cfg = get_config(sys.argv[1:] if argv is None else argv)
+    STEPS_RUN[0] = 0
     if cfg["report"]:
         return report(cfg["report"])
     cfg["out_dir"] = cfg["out_dir"] or os.path.join(
@@ -655,7 +679,7 @@ def main(argv=None):
     resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt")) if cfg["init_from"] == "resume" else None
     if resume is not None:
         cfg = {**resume["config"], "init_from": "resume", "halt_after_steps": cfg["halt_after_steps"]}
-    log = RunLog(cfg["out_dir"], cfg, rt.master, resume_step=resume and resume["step"])
+    log = RunLog(cfg["out_dir"], cfg, rt.master, keep=resume and written_before(resume))
     log_resume_phase = resume and resume["phase"]
 
     train_ds, val_ds, test_ds = (load_data(cfg["task"], s, cfg) for s in ("train", "val", "test"))

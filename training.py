@@ -209,18 +209,20 @@ def grad_norm(parameters):
 
 class RunLog:
     """Writes only on the master rank. log.jsonl gets one JSON object per call of
-    log(). resume_step=N keeps the records of an interrupted run up to step N (the
-    checkpoint's step) and appends after them; otherwise the log starts anew."""
+    log(). When resuming an interrupted run, the records written before its
+    checkpoint are kept and new ones appended: resume_step=N keeps those with
+    step <= N, or keep=f keeps those for which f(record) is true. Otherwise the
+    log starts anew."""
 
-    def __init__(self, out_dir, config, master=True, resume_step=None):
+    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None):
         self.out_dir, self.master = out_dir, master
+        if resume_step is not None:
+            keep = lambda r: r.get("step", 0) <= resume_step
         if master:
             os.makedirs(out_dir, exist_ok=True)
             write_json(os.path.join(out_dir, "config.json"), config)
             path = os.path.join(out_dir, "log.jsonl")
-            kept = []
-            if resume_step is not None and os.path.exists(path):
-                kept = [r for r in read_log(out_dir) if r.get("step", 0) <= resume_step]
+            kept = [r for r in read_log(out_dir) if keep(r)] if keep and os.path.exists(path) else []
             with open(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
 

@@ -1,0 +1,171 @@
+"""train_spt.py on the synthetic task with a 1-layer model: SPT beats training
+from scratch, SPT puts attention on the neighbours, the ablations do exactly what
+they say, runs resume exactly, and bad flags are refused."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train_spt
+from model import select_params
+from training import load_checkpoint, read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--task=synthetic", "--log_every=1", "--patience=0"]
+
+
+def run(out_dir, *flags):
+    return train_spt.main(TINY + [f"--out_dir={out_dir}", *flags])
+
+
+@pytest.fixture(scope="module")
+def spt_vs_scratch(tmp_path_factory):
+    """Equal supervised steps (5 epochs x 100), with and without 5 epochs of SPT first."""
+    base = tmp_path_factory.mktemp("runs")
+    flags = ["--n_train=6400", "--n_eval=1000", "--epochs=5", "--lr=3e-3", "--log_every=10"]
+    spt = run(base / "spt", *flags, "--pretrain_epochs=5")
+    scratch = run(base / "scratch", *flags, "--pretrain_epochs=0")
+    return base, spt, scratch
+
+
+def test_spt_then_finetune_beats_training_from_scratch(spt_vs_scratch):
+    _, spt, scratch = spt_vs_scratch
+    assert scratch["best_val_acc"] < 0.60                  # label supervision alone: near chance
+    assert spt["best_val_acc"] > scratch["best_val_acc"] + 0.15
+    assert spt["test_acc"] > scratch["test_acc"] + 0.10
+    assert spt["steps"] == scratch["steps"] == 500
+
+
+def test_spt_recovers_proximity_attention(spt_vs_scratch):
+    base, spt, scratch = spt_vs_scratch
+    uniform = spt["mass_w2_uniform"]
+    assert abs(spt["mass_w2_init"] - uniform) < 0.01       # random init: about uniform
+    assert spt["mass_w2_spt"] > 2.5 * uniform               # after SPT: near the diagonal
+    assert scratch["mass_w2_finetune"] < 1.5 * uniform      # supervised alone: not
+    assert spt["toeplitz_spt"] > spt["toeplitz_init"]
+    for name in ("curves.png", "proximity.png", "attention_init.png", "attention_spt.png",
+                 "attention_finetune.png", "config.json", "log.jsonl", "summary.json"):
+        assert os.path.getsize(base / "spt" / name) > 0, name
+
+
+def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
+    base, _, _ = spt_vs_scratch
+    table = train_spt.main([f"--report={base}"])
+    rows = [line for line in table.splitlines() if "| synthetic | 1 | synthetic |" in line]
+    assert len(rows) == 2 and {"| 5 |", "| 0 |"} <= {c for r in rows for c in ("| 5 |", "| 0 |") if c in r}
+    assert (base / "report.md").read_text().strip() == table
+
+
+def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
+    run(tmp_path, "--n_train=256", "--n_eval=64", "--epochs=2", "--pretrain_epochs=0", "--freeze=attn")
+    fresh = train_spt.build_model(train_spt.get_config(TINY + ["--freeze=attn"]),
+                                  [train_spt.load_data("synthetic", "train", train_spt.get_config(TINY))])
+    trained = load_checkpoint(tmp_path / "finetune_best.pt")["model"]
+    start = fresh.state_dict()
+    attn = select_params(fresh, "attn")
+    assert all(torch.equal(trained[n], start[n]) for n in attn)
+    assert not all(torch.equal(trained[n], start[n]) for n in select_params(fresh, "mlp"))
+    assert json.loads((tmp_path / "summary.json").read_text())["frozen"] == len(attn) == 8
+
+
+def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
+    base, _, _ = spt_vs_scratch
+    cfg = train_spt.get_config(TINY)
+    data = [train_spt.load_data("synthetic", "train", cfg)]
+    fresh = train_spt.build_model(cfg, data).state_dict()
+    model = train_spt.build_model(cfg, data)
+    copied = train_spt.hybrid_init(model, base / "spt" / "spt_best.pt", "qk")
+    ckpt = load_checkpoint(base / "spt" / "spt_best.pt")["model"]
+    assert sorted(copied) == sorted(["blocks.0.attn.W_Q.weight", "blocks.0.attn.W_Q.bias",
+                                     "blocks.0.attn.W_K.weight", "blocks.0.attn.W_K.bias"])
+    for name, value in model.state_dict().items():
+        expected = ckpt[name] if name in copied else fresh[name]
+        assert torch.equal(value, expected), name
+        if name not in copied:
+            assert not torch.equal(value, ckpt[name]) or name.startswith("head"), name
+
+
+def test_pretrain_task_swap_runs_end_to_end(tmp_path):
+    """Pretrain on generated ListOps, finetune on generated PathFinder."""
+    out = run(tmp_path / "run", "--task=pathfinder", "--pretrain_task=listops", f"--data_dir={tmp_path}",
+              "--n_generate=200", "--n_train=32", "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2",
+              "--batch_size=16", "--pretrain_epochs=1", "--epochs=1")
+    assert out["pretrain_task"] == "listops" and out["task"] == "pathfinder"
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["pretrain_task"] == "listops"
+    phases = {r["phase"] for r in read_log(tmp_path / "run")}
+    assert phases == {"spt", "finetune"}
+
+
+def losses(out_dir):
+    return [(r["phase"], r["step"], r.get("loss"), r.get("val_loss")) for r in read_log(out_dir)]
+
+
+@pytest.mark.parametrize("halt_at", [7, 27])   # inside SPT; inside finetuning
+def test_resume_continues_a_killed_run_exactly(tmp_path, halt_at):
+    flags = ["--n_train=640", "--n_eval=128", "--pretrain_epochs=2", "--epochs=2", "--ckpt_every=3"]
+    straight = run(tmp_path / "a", *flags)
+    with pytest.raises(SystemExit, match="halted"):
+        run(tmp_path / "b", *flags, f"--halt_after_steps={halt_at}")
+    ckpt = load_checkpoint(tmp_path / "b" / "ckpt.pt")
+    assert ckpt["step"] < (halt_at if halt_at < 20 else halt_at - 20)   # it did lose work
+    resumed = run(tmp_path / "b", "--init_from=resume")
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    assert resumed["test_acc"] == straight["test_acc"]
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    calls = [0]
+    forward = train_spt.Classification.forward
+
+    def poisoned(self, *args):
+        calls[0] += 1
+        loss, logits = forward(self, *args)
+        return (loss * float("nan") if calls[0] > 12 else loss), logits
+
+    monkeypatch.setattr(train_spt.Classification, "forward", poisoned)
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 12.*ckpt\.pt"):
+        run(tmp_path, "--n_train=640", "--n_eval=64", "--pretrain_epochs=0", "--epochs=2",
+            "--ckpt_every=5")
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["step"] == 10
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task=synthetic", "--lrr=1"], "unknown key 'lrr'"),
+    (["--task=synthetic", "--depth=one"], "--depth=one has the wrong type"),
+    (["--task=mnist"], "--task=mnist is unknown"),
+])
+def test_config_override_parsing_rejects_bad_keys(argv, message):
+    with pytest.raises(ValueError, match=message):
+        train_spt.get_config(argv)
+
+
+def test_command_line_error_is_one_clear_line():
+    result = subprocess.run([sys.executable, "train_spt.py", "--task=synthetic", "--freeze=attention"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "unknown parameter group 'attention'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    flags = ["--task=synthetic", "--n_train=512", "--n_eval=64", "--pretrain_epochs=1", "--epochs=1",
+             "--log_every=1", "--dropout=0.0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "train_spt.py", *flags, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"],
+                   cwd=ROOT, check=True, env=env, timeout=600, capture_output=True)
+    subprocess.run([sys.executable, "train_spt.py", *flags, "--batch_size=64", f"--out_dir={tmp_path / 'one'}"],
+                   cwd=ROOT, check=True, env=env, timeout=600, capture_output=True)
+    ddp = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["replica_max_diff"] == 0.0
+    a = load_checkpoint(tmp_path / "ddp" / "finetune_best.pt")["model"]
+    b = load_checkpoint(tmp_path / "one" / "finetune_best.pt")["model"]
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
