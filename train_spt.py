@@ -150,7 +150,10 @@ def epoch_batches(n, cfg, rt, seed):
     only on (seed, epoch), so a resumed run sees the same batches. Optimizer step s
     uses global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size,
     split into equal micro-batches across ranks and accumulation steps: a run on
-    W processes equals a single process with W times the batch size."""
+    W processes equals a single process with W times the batch size (exactly for
+    the classification loss; for SPT each micro-batch averages over its own hidden
+    positions, as BERT-style training does, so counts that differ weigh slightly
+    differently)."""
     G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
     if n < G:
         raise ValueError(f"the training set has {n} examples, fewer than one global batch "
@@ -205,11 +208,15 @@ class MaskedReconstruction(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def draw_hidden(tokens, pad_mask, ratio, generator):
-    """i.i.d. Bernoulli(ratio) positions among the real tokens, at least one per batch."""
-    hide = torch.rand(tokens.shape, generator=generator) < ratio
+def draw_hidden(shape, ratio, generator):
+    """i.i.d. Bernoulli(ratio) candidate positions to hide."""
+    return torch.rand(shape, generator=generator) < ratio
+
+
+def only_real(hide, pad_mask):
+    """Never hide padding; hide at least one position per batch."""
     if pad_mask is not None:
-        hide &= ~pad_mask.cpu()
+        hide = hide & ~pad_mask.cpu()
     if not hide.any():
         hide.view(-1)[0] = True
     return hide
@@ -363,7 +370,7 @@ def evaluate(objective, ds, cfg, rt, phase):
         tokens, pad_mask, labels = to_device(batch, rt)
         with rt.autocast():
             if phase == "spt":
-                hide = draw_hidden(tokens, pad_mask, cfg["mask_ratio"], gen).to(rt.device)
+                hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
                 loss, correct = objective(tokens, pad_mask, hide), 0.0
             else:
                 loss, logits = objective(tokens, pad_mask, labels)
@@ -400,7 +407,9 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
     if cfg["compile"]:
         train_obj = torch.compile(train_obj)
     mask_gen = torch.Generator().manual_seed(cfg["seed"] + 7)
-    steps_per_epoch = len(train_ds) // (cfg["batch_size"] * cfg["grad_accum"] * rt.world_size)
+    global_batch = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    steps_per_epoch = len(train_ds) // global_batch
+    max_len = train_ds.max_len
     total_steps = epochs * steps_per_epoch
     warmup = int(cfg["warmup_frac"] * total_steps)
     best_path = os.path.join(cfg["out_dir"], f"{phase}_best.pt")
@@ -435,9 +444,14 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
             sync = last_micro or not rt.ddp
             ctx = train_obj.no_sync() if not sync else torch.enable_grad()
             with ctx, rt.autocast():
-                if spt:
-                    hide = draw_hidden(tokens, pad_mask, cfg["mask_ratio"], mask_gen).to(rt.device)
-                    loss = train_obj(tokens, pad_mask, hide)
+                if spt:   # masks drawn for the whole global batch, so they do not depend
+                    k = micro % cfg["grad_accum"]    # on the split over ranks and micro-batches
+                    if k == 0:
+                        step_hide = draw_hidden((global_batch, *tokens.shape[1:-1], max_len),
+                                                cfg["mask_ratio"], mask_gen)
+                    start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
+                    hide = step_hide[start:start + len(tokens), ..., :tokens.size(-1)]
+                    loss = train_obj(tokens, pad_mask, only_real(hide, pad_mask).to(rt.device))
                 else:
                     loss, _ = train_obj(tokens, pad_mask, labels)
             (loss / cfg["grad_accum"]).backward()
@@ -710,6 +724,8 @@ def main(argv=None):
         spt_ckpt = cfg["init_from"]
 
     # Phase 2: finetuning from a fresh model with (part of) the SPT weights
+    if rt.ddp:
+        dist.barrier()   # rank 0 has written the SPT checkpoint
     model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
     if rt.master and spt_ckpt:
@@ -722,6 +738,8 @@ def main(argv=None):
     best_path, ft_state = train_phase("finetune", model, train_ds, val_ds, cfg, rt, log, resume)
 
     # Test accuracy at the best validation point
+    if rt.ddp:
+        dist.barrier()   # rank 0 has written the best checkpoint
     load_state(model, load_checkpoint(best_path, rt.device)["model"])
     test = evaluate(Classification(model), test_ds, cfg, rt, "finetune")
     summary = dict(
