@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import synthetic
-from model import Transformer, TransformerConfig, select_params
+from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
 from training import (RunLog, configure, load_checkpoint, load_state, lr_at, read_log,
                       save_checkpoint, setup_runtime, unwrap)
 
@@ -104,7 +104,28 @@ def get_config(argv):
     task = next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), DEFAULTS["task"])
     if task not in TASKS:
         raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
-    return configure({**DEFAULTS, **TASKS[task]}, argv, __doc__)
+    return check_config(configure({**DEFAULTS, **TASKS[task]}, argv, __doc__))
+
+
+def check_config(cfg):
+    """Refuse bad values before any work is done, naming what is allowed."""
+    choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
+                   data_source=("auto", "generated", "release"),
+                   schedule=("cosine", "linear", "constant"))
+    for key, allowed in choices.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
+    groups = set(PARAM_GROUPS) | {"all"}
+    for key in ("freeze", "init_params"):
+        bad = [g for g in cfg[key].split(",") if g.strip() not in groups | {"none"}]
+        if bad:
+            raise ValueError(f"--{key}={cfg[key]}: unknown parameter group {bad[0]!r}; choose from "
+                             f"{sorted(groups)}, a comma list of them, or none")
+    if not 0 < cfg["mask_ratio"] < 1:
+        raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
+    if cfg["init_from"] not in ("", "resume") and not os.path.exists(cfg["init_from"]):
+        raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
+    return cfg
 
 
 # -----------------------------------------------------------------------------

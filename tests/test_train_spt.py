@@ -140,6 +140,9 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
     (["--task=synthetic", "--lrr=1"], "unknown key 'lrr'"),
     (["--task=synthetic", "--depth=one"], "--depth=one has the wrong type"),
     (["--task=mnist"], "--task=mnist is unknown"),
+    (["--task=synthetic", "--init_params=attn,mpl"], "unknown parameter group 'mpl'"),
+    (["--task=synthetic", "--spt_objective=denoise"], "--spt_objective=denoise is not one of"),
+    (["--task=synthetic", "--mask_ratio=1.5"], "--mask_ratio=1.5 must be between 0 and 1"),
 ])
 def test_config_override_parsing_rejects_bad_keys(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -148,7 +151,7 @@ def test_config_override_parsing_rejects_bad_keys(argv, message):
 
 def test_command_line_error_is_one_clear_line():
     result = subprocess.run([sys.executable, "train_spt.py", "--task=synthetic", "--freeze=attention"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "unknown parameter group 'attention'" in result.stderr
     assert "Traceback" not in result.stderr
