@@ -66,7 +66,8 @@ DEFAULTS = dict(
     # finetuning and the ablations
     init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
     init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
-    freeze="none",           # keep these groups at their random init while finetuning (attn, qk, ...)
+    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
+                             # random init from scratch, at the SPT values after SPT
     patience=20,             # early stopping: epochs without a better val accuracy (0 = off)
     max_hours=24.0,          # wall-time cap of each phase
     # optimisation
@@ -282,7 +283,8 @@ def hybrid_init(model, ckpt_path, which):
 
 
 def freeze(model, which):
-    """requires_grad=False for a group: it stays bit-identical at its random init (claim 4)."""
+    """requires_grad=False for a group: it stays bit-identical at its starting value.
+    From scratch, that is the random init (claim 4)."""
     if which == "none":
         return []
     names = select_params(model, which)
