@@ -256,7 +256,7 @@ class LoopedTransformer(nn.Module):
             res_norms.append(x.detach().float().norm(dim=-1).mean())
             if t in chosen:
                 logits_t = self.lm_head(h).float()
-                losses.append(F.cross_entropy(logits_t.view(-1, logits_t.size(-1)), targets.view(-1)))
+                losses.append(F.cross_entropy(logits_t.view(-1, logits_t.size(-1)), targets.reshape(-1)))
         logits = logits_t if targets is not None else self.lm_head(h).float()
         loss = torch.stack(losses).mean() if losses else None
         if return_stats:
@@ -270,7 +270,7 @@ class LoopedTransformer(nn.Module):
         out = []
         for h, _ in self.loops(idx, n_loops):
             logits = self.lm_head(h).float()
-            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1)))
+            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1)))
         return torch.stack(out)
 
     @torch.no_grad()
