@@ -86,7 +86,7 @@ grad_clip = 1.0          # 0 = no clipping
 eval_interval = 100
 eval_batches = 20
 osc_steps = 200          # N of the gradient-oscillation statistic
-test_loops = 0           # the test-time loop curve goes to this many loops (0 = 2 * n_loops)
+test_loops = 0           # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
 ckpt_interval = 200
 init_from = "scratch"    # scratch or resume (from out_dir/ckpt.pt)
 stop_step = 0            # stop after this many steps (checkpointed), keeping the schedule of max_steps; 0 = run to max_steps
@@ -353,7 +353,7 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time):
     tail = steps[len(steps) - max(1, len(steps) // 10):]
     final_train = float(np.mean([r["loss"] for r in tail])) if tail else float("nan")
     res = [r["residual_norms"] for r in steps]
-    n_test = C.test_loops or 2 * C.n_loops
+    n_test = max(C.test_loops or 2 * C.n_loops, C.n_loops)
     curve = eval_loop_losses(model, val, C, rt, n_test) if nan_stop is None else []
     reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
     out = {
