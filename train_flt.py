@@ -415,7 +415,8 @@ def plot_runs(dirs, out_dir, quiet=False):
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=7)
+        if axes[0][-1].get_legend_handles_labels()[0]:
+            axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, name), dpi=90)
         plt.close(fig)
