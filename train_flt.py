@@ -449,7 +449,7 @@ def plot_runs(dirs, out_dir, quiet=False):
     panels("val loss vs inference loops (dotted: K)", "nats / token", draw_curve, name="flt_test_time_loops.png")
 
     # residual norm: a grid, rows = variants, columns = K; one line per loop, light to dark
-    fig, axes = plt.subplots(len(variants), len(Ks), figsize=(3.6 * len(Ks), 2.2 * len(variants)),
+    fig, axes = plt.subplots(len(variants), len(Ks), figsize=(max(3.6 * len(Ks), 5), 2.2 * len(variants)),
                              squeeze=False, sharex=True)
     for i, v in enumerate(variants):
         for j, K in enumerate(Ks):
@@ -465,7 +465,8 @@ def plot_runs(dirs, out_dir, quiet=False):
             ax.set_title(f"{v}, K={K}", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
-    fig.suptitle("residual norm per loop (mean token L2 before the final norm; yellow = last loop)", fontsize=9)
+    fig.suptitle("residual norm per loop vs step\n(mean token L2 before the final norm; purple = loop 1, yellow = last)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "flt_residual_norm.png"), dpi=80)
     plt.close(fig)
