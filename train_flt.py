@@ -218,8 +218,6 @@ def main(argv=None):
         raise ValueError(f"--init_from={C.init_from!r}; choose scratch or resume")
 
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
-    if rt.device_type == "cpu":
-        torch.set_flush_denormal(True)    # denormal floats made some CPU runs (FLT, d=128) ~4x slower
     if rt.ddp and not rt.master:
         dist.barrier()                                       # rank 0 prepares the data first
     train, val, vocab, is_bytes = load_data(C)

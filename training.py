@@ -116,6 +116,8 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype={dtype!r}; choose float32, bfloat16, float16 or auto")
     ptdtype = getattr(torch, dtype)
+    if device_type == "cpu":
+        torch.set_flush_denormal(True)   # denormal floats made some CPU runs ~4x slower
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
