@@ -1,0 +1,299 @@
+"""
+A looped Transformer language model with the two switches of "Simply Stabilizing
+the Loop via a Fully Looped Transformer" (FLT, 2026).
+
+A looped Transformer reuses one stack of n_layer blocks for n_loops loops. Plain
+looping collapses at 9-12 loops (loss back to the unigram level, the residual
+stream's norm exploding, oscillating gradients). FLT adds two parameter-free
+changes, here two booleans of one loop body:
+
+  fla  Full-Loop Access: the previous loop's final state h = norm(x_L^(t-1))
+       reaches EVERY layer of the next loop, not only its start.
+  ai   Attention Injection: h enters a layer as the attention QUERY,
+       Q = W_Q norm(h), while keys and values come from the stream,
+       K, V = W_K norm(x), W_V norm(x); instead of being added to the stream.
+
+The five variants of the paper are presets of (start, fla, ai):
+
+| variant | loop t>1 starts from | previous final state h = norm(x_L^(t-1)) enters | at which layers |
+|---|---|---|---|
+| LT (original) | h | not at all (it is the start) | - |
+| LT_i (input injection) | norm(x0 + h) | added at the start | first |
+| LT_ia (AI, first layer) | norm(x0) | as attention query | layer 0 only |
+| FLT_res (FLA only) | norm(x0) | x = norm(x + h) before each block | every layer |
+| FLT (FLA + AI) | norm(x0) | attention with Q = W_Q norm(h), K,V = W_K,W_V norm(x) | every layer |
+
+Loop 1 is always plain self-attention on norm(x0), x0 = token embedding, so with
+n_loops=1 the five variants are the same function of the same weights and all
+have the same parameters (none of the switches adds any).
+
+Read top to bottom:
+  LoopedConfig        sizes, the variant, the loss over loops (END / STEP / FEW)
+  norm                parameter-free RMSNorm
+  Attention           separate query input and key/value input; RoPE; causal SDPA
+  MLP, Block          pre-norm residual block, zero-initialised output projections
+  LoopedTransformer   loops() is THE loop (all five variants), forward() adds the
+                      loss, loop_losses() gives the loss of every loop in one pass
+                      (the test-time loop curve), generate() samples
+
+Choices, following the authors' nanochat-based code: rotary positions (RoPE) in
+every attention (nothing is added to the stream, so looping never re-adds a
+position vector); no biases; untied lm head, zero-initialised like the output
+projections, so at initialisation every block is the identity and the logits are
+uniform. The final norm is the same parameter-free norm, so the final state h of
+loop t is also what the shared lm head reads to give that loop's logits.
+
+This file imports only torch and two RoPE helpers from model.py.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import apply_rope, rope_tables
+
+# variant -> (what loop t>1 starts from, fla, ai); see the table above
+VARIANTS = {
+    "LT":      ("h",    False, False),
+    "LT_i":    ("x0+h", False, False),
+    "LT_ia":   ("x0",   False, True),
+    "FLT_res": ("x0",   True,  False),
+    "FLT":     ("x0",   True,  True),
+}
+LOSS_TYPES = ("END", "STEP", "FEW")
+
+
+@dataclass
+class LoopedConfig:
+    vocab_size: int = 256      # bytes by default
+    block_size: int = 1024     # longest context
+    n_layer: int = 2           # blocks in the shared stack (L)
+    n_loops: int = 12          # times the stack is applied in training (K)
+    n_head: int = 4
+    n_embd: int = 128
+    ffn_mult: int = 4          # MLP hidden width = ffn_mult * n_embd
+    variant: str = "FLT"       # LT, LT_i, LT_ia, FLT_res, FLT (the table above)
+    loss_type: str = "END"     # END: last loop; STEP: mean over loops; FEW: last third
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant={self.variant!r} is unknown; choose one of {list(VARIANTS)}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type={self.loss_type!r} is unknown; choose one of {LOSS_TYPES}")
+        if self.n_embd % self.n_head != 0 or (self.n_embd // self.n_head) % 2 != 0:
+            raise ValueError(f"n_embd={self.n_embd} / n_head={self.n_head} must be an even "
+                             f"integer head size (RoPE rotates pairs)")
+        for name in ("vocab_size", "block_size", "n_layer", "n_loops", "n_head", "n_embd", "ffn_mult"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+
+    @property
+    def start(self):
+        return VARIANTS[self.variant][0]
+
+    @property
+    def fla(self):
+        return VARIANTS[self.variant][1]
+
+    @property
+    def ai(self):
+        return VARIANTS[self.variant][2]
+
+
+def loss_loops(loss_type, n_loops):
+    """Indices (0-based) of the loops whose losses are averaged:
+    END -> [K-1];  STEP -> 0..K-1;  FEW -> the last ceil(K/3) loops."""
+    if loss_type == "END":
+        return [n_loops - 1]
+    if loss_type == "STEP":
+        return list(range(n_loops))
+    if loss_type == "FEW":
+        return list(range(n_loops - math.ceil(n_loops / 3), n_loops))
+    raise ValueError(f"loss_type={loss_type!r}; choose one of {LOSS_TYPES}")
+
+
+def norm(x, eps=1e-6):
+    """Parameter-free RMSNorm: norm(x) = x / sqrt(mean(x^2) + eps). Every token
+    vector comes out with L2 norm sqrt(n_embd)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+# -----------------------------------------------------------------------------
+# The blocks
+
+class Attention(nn.Module):
+    """Causal multi-head attention with separate inputs for queries and keys/values:
+        Q = W_Q xq,  K = W_K xkv,  V = W_V xkv,  out = W_O softmax(Q K^T / sqrt(d) + causal) V.
+    Self-attention is xq = xkv; FLT's attention injection is xq = norm(h)."""
+
+    def __init__(self, config):
+        super().__init__()
+        d = config.n_embd
+        self.n_head, self.head_dim = config.n_head, d // config.n_head
+        self.W_Q = nn.Linear(d, d, bias=False)
+        self.W_K = nn.Linear(d, d, bias=False)
+        self.W_V = nn.Linear(d, d, bias=False)
+        self.W_O = nn.Linear(d, d, bias=False)
+
+    def split_heads(self, x):                                   # (B, T, C) -> (B, H, T, hd)
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+
+    def forward(self, xq, xkv, rope):
+        q = apply_rope(self.split_heads(self.W_Q(xq)), *rope)
+        k = apply_rope(self.split_heads(self.W_K(xkv)), *rope)
+        v = self.split_heads(self.W_V(xkv))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.W_O(y.transpose(1, 2).reshape(xkv.shape))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, config.ffn_mult * config.n_embd, bias=False)
+        self.proj = nn.Linear(config.ffn_mult * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.relu(self.fc(x)).square())           # ReLU^2, as nanochat
+
+
+class Block(nn.Module):
+    """Pre-norm block. Without a query input: x += attn(norm(x), norm(x)).
+    With one (attention injection): x += attn(norm(q), norm(x)). Then x += mlp(norm(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.eps = config.norm_eps
+        self.attn = Attention(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope, q=None):
+        xn = norm(x, self.eps)
+        x = x + self.attn(xn if q is None else norm(q, self.eps), xn, rope)
+        return x + self.mlp(norm(x, self.eps))
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class LoopedTransformer(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        cos, sin = rope_tables(c.block_size, c.n_embd // c.n_head)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """nanochat's initialisation: embeddings N(0, 1); input projections uniform
+        with std 1/sqrt(fan_in); W_O, the MLP's out projection and the lm head zero."""
+        nn.init.normal_(self.tok_emb.weight, std=1.0)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.W_O.weight", "mlp.proj.weight")) or name == "lm_head.weight":
+                nn.init.zeros_(p)
+            elif p.dim() == 2 and name != "tok_emb.weight":
+                bound = math.sqrt(3.0 / p.size(1))              # uniform(-b, b) has std 1/sqrt(fan_in)
+                nn.init.uniform_(p, -bound, bound)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    # --- THE loop: one body, five variants
+
+    def loops(self, idx, n_loops=None, h=None):
+        """Run the looped stack; yield, after every loop t = 0..n_loops-1, the pair
+        (h, x): h = norm(x_L^(t)) the loop's final state (what the lm head reads and
+        what the next loop receives), x = the residual stream before that norm.
+        The first loop is plain self-attention on norm(x0), unless a previous state
+        h (B, T, n_embd) is given: then every loop is a "loop t>1" continuing from it
+        (for probes of the wiring, or to loop on from a saved state)."""
+        c = self.config
+        n_loops = c.n_loops if n_loops is None else n_loops
+        B, T = idx.shape
+        if T > c.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={c.block_size}")
+        rope = (self.rope_cos[:T], self.rope_sin[:T])
+        eps = c.norm_eps
+        x0 = self.tok_emb(idx)                                  # x0 = token embedding
+        for _ in range(n_loops):
+            # where the loop starts (loop 1, which has no h yet, always from norm(x0))
+            if h is None or c.start == "x0":
+                x = norm(x0, eps)                               # norm(x0)
+            elif c.start == "h":
+                x = h                                           # LT: the previous final state
+            else:
+                x = norm(x0 + h, eps)                           # LT_i: norm(x0 + h)
+            for i, block in enumerate(self.blocks):
+                # does h reach layer i?  FLA: every layer; otherwise layer 0 only (LT_ia)
+                reaches = h is not None and (c.fla or i == 0)
+                if reaches and c.fla and not c.ai:
+                    x = norm(x + h, eps)                        # FLT_res: x = norm(x + h) before each block
+                q = h if reaches and c.ai else None             # AI: Q = W_Q norm(h), K,V from norm(x)
+                x = block(x, rope, q)
+            h = norm(x, eps)                                    # h = norm(x_L^(t)), also the final norm
+            yield h, x
+
+    def forward(self, idx, targets=None, n_loops=None, return_stats=False):
+        """logits (B, T, vocab) of the last loop and the loss (None without targets).
+        The loss averages the cross-entropy of the loops chosen by config.loss_type
+        (END / STEP / FEW, see loss_loops), each loop read by the shared lm head.
+        With return_stats=True also a dict with 'residual_norms': tensor (n_loops,),
+        the mean over tokens of ||x_L^(t)||_2 before the final norm, per loop."""
+        n_loops = self.config.n_loops if n_loops is None else n_loops
+        chosen = set(loss_loops(self.config.loss_type, n_loops)) if targets is not None else set()
+        losses, res_norms = [], []
+        for t, (h, x) in enumerate(self.loops(idx, n_loops)):
+            res_norms.append(x.detach().float().norm(dim=-1).mean())
+            if t in chosen:
+                logits_t = self.lm_head(h).float()
+                losses.append(F.cross_entropy(logits_t.view(-1, logits_t.size(-1)), targets.reshape(-1)))
+        logits = logits_t if targets is not None else self.lm_head(h).float()
+        loss = torch.stack(losses).mean() if losses else None
+        if return_stats:
+            return logits, loss, {"residual_norms": torch.stack(res_norms)}
+        return logits, loss
+
+    @torch.no_grad()
+    def loop_losses(self, idx, targets, n_loops=None):
+        """Cross-entropy of every loop's logits, tensor (n_loops,), in one pass: the
+        test-time loop curve (a model trained at K loops read at 1..2K loops)."""
+        out = []
+        for h, _ in self.loops(idx, n_loops):
+            logits = self.lm_head(h).float()
+            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1)))
+        return torch.stack(out)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loops=None):
+        """Sample max_new_tokens tokens after the prompt idx (B, T), nanoGPT style."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            logits, _ = self(context, n_loops=n_loops)
+            logits = logits[:, -1, :] / max(temperature, 1e-8)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx
+
+    # --- optimisation
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu"):
+        """AdamW; weight decay on the linear layers' matrices only, not on embeddings
+        (this model has no norm weights and no biases). Fused kernel on CUDA."""
+        decay = [p for n, p in self.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
+        no_decay = [p for n, p in self.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == "cuda"))

@@ -1,0 +1,264 @@
+"""The looped Transformer: the five variants are one loop wired as SPEC.md's table says."""
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from looped import VARIANTS, LoopedConfig, LoopedTransformer, loss_loops, norm  # noqa: E402
+
+V, T, B = 32, 16, 3
+
+
+def make(variant="FLT", seed=0, **kw):
+    """A tiny model with every weight random (the real init zeroes the output
+    projections, which would make every block the identity and every test vacuous)."""
+    torch.manual_seed(seed)
+    cfg = LoopedConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=16,
+                       n_loops=kw.pop("n_loops", 3), variant=variant, **kw)
+    model = LoopedTransformer(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 2 and p.shape[0] != V else 1.0))
+    return model.eval()
+
+
+def batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+
+
+def reference_loop(model, idx, h):
+    """One loop t>1 written straight from the table in SPEC.md, with the model's blocks."""
+    c, blocks = model.config, model.blocks
+    rope = (model.rope_cos[:idx.size(1)], model.rope_sin[:idx.size(1)])
+    x0 = model.tok_emb(idx)
+    if c.variant == "LT":            # starts from h, h enters nowhere else
+        x = h
+        for b in blocks:
+            x = b(x, rope)
+    elif c.variant == "LT_i":        # starts from norm(x0 + h)
+        x = norm(x0 + h)
+        for b in blocks:
+            x = b(x, rope)
+    elif c.variant == "LT_ia":       # norm(x0); h as the query of layer 0 only
+        x = blocks[0](norm(x0), rope, q=h)
+        for b in blocks[1:]:
+            x = b(x, rope)
+    elif c.variant == "FLT_res":     # norm(x0); x = norm(x + h) before each block
+        x = norm(x0)
+        for b in blocks:
+            x = b(norm(x + h), rope)
+    elif c.variant == "FLT":         # norm(x0); Q = W_Q norm(h), K,V = W_K,W_V norm(x) at each layer
+        x = norm(x0)
+        for b in blocks:
+            x = b(x, rope, q=h)
+    return norm(x)
+
+
+def loop_states(model, idx, n_loops=None, h=None):
+    return [h_t for h_t, _ in model.loops(idx, n_loops, h=h)]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_wiring_matches_the_table(variant):
+    model = make(variant)
+    idx, _ = batch()
+    with torch.no_grad():
+        states = loop_states(model, idx, 3)
+        for t in (1, 2):
+            assert torch.allclose(states[t], reference_loop(model, idx, states[t - 1]), atol=1e-10)
+
+
+def test_one_loop_is_the_same_function_for_all_variants():
+    idx, targets = batch()
+    outs = []
+    for variant in VARIANTS:
+        model = make("FLT", seed=0, n_loops=1)
+        model.config.variant = variant            # same weights, another wiring
+        with torch.no_grad():
+            outs.append(model(idx, targets))
+    for logits, loss in outs[1:]:
+        assert torch.equal(logits, outs[0][0]) and torch.equal(loss, outs[0][1])
+    # and with more loops the wirings do differ
+    many = []
+    for variant in VARIANTS:
+        model = make("FLT", seed=0, n_loops=3)
+        model.config.variant = variant
+        with torch.no_grad():
+            many.append(model(idx)[0])
+    assert all(not torch.allclose(a, b) for i, a in enumerate(many) for b in many[i + 1:])
+
+
+def test_variants_have_equal_parameter_counts():
+    counts = {v: LoopedTransformer(LoopedConfig(variant=v, block_size=64)).num_params() for v in VARIANTS}
+    assert len(set(counts.values())) == 1, counts
+
+
+def block_queries(model, idx, h):
+    """For one loop continuing from h: which blocks received a query input, and what."""
+    seen = []
+    hooks = [b.register_forward_pre_hook(lambda m, args, i=i: seen.append((i, args[0], args[2])))
+             for i, b in enumerate(model.blocks)]
+    with torch.no_grad():
+        out = loop_states(model, idx, 1, h=h)[0]
+    for hk in hooks:
+        hk.remove()
+    return seen, out
+
+
+def test_flt_previous_state_enters_every_layer_only_as_query():
+    model = make("FLT")
+    idx, _ = batch()
+    h = norm(torch.randn(B, T, 16, dtype=torch.float64))
+    seen, out = block_queries(model, idx, h)
+    assert [i for i, _, q in seen if q is not None] == [0, 1]
+    assert all(q is h for _, _, q in seen)
+    assert torch.allclose(seen[0][1], norm(model.tok_emb(idx)))   # the stream starts at norm(x0)
+    # a functional probe: with W_Q = 0 in every layer, h has no effect at all ...
+    h2 = norm(torch.randn_like(h))
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.W_Q.weight.zero_()
+        assert torch.allclose(loop_states(model, idx, 1, h=h)[0], loop_states(model, idx, 1, h=h2)[0])
+    # ... while W_Q = 0 in layer 0 only leaves the path through layer 1
+    model = make("FLT")
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.weight.zero_()
+        assert not torch.allclose(loop_states(model, idx, 1, h=h)[0], loop_states(model, idx, 1, h=h2)[0])
+
+
+def test_lt_ia_previous_state_is_the_query_of_layer_zero_only():
+    model = make("LT_ia")
+    idx, _ = batch()
+    h, h2 = norm(torch.randn(B, T, 16, dtype=torch.float64)), norm(torch.randn(B, T, 16, dtype=torch.float64))
+    seen, _ = block_queries(model, idx, h)
+    assert [i for i, _, q in seen if q is not None] == [0]
+    with torch.no_grad():
+        assert not torch.allclose(loop_states(model, idx, 1, h=h)[0], loop_states(model, idx, 1, h=h2)[0])
+        model.blocks[0].attn.W_Q.weight.zero_()
+        assert torch.allclose(loop_states(model, idx, 1, h=h)[0], loop_states(model, idx, 1, h=h2)[0])
+
+
+def test_flt_res_adds_previous_state_before_every_block():
+    model = make("FLT_res")
+    idx, _ = batch()
+    h = norm(torch.randn(B, T, 16, dtype=torch.float64))
+    seen, _ = block_queries(model, idx, h)
+    assert all(q is None for _, _, q in seen)
+    rope = (model.rope_cos[:T], model.rope_sin[:T])
+    with torch.no_grad():
+        x = norm(model.tok_emb(idx))
+        for (i, x_in, _), b in zip(seen, model.blocks):
+            assert torch.allclose(x_in, norm(x + h))              # input of block i = norm(x + h)
+            x = b(x_in, rope)
+
+
+def test_lt_i_previous_state_enters_only_at_the_start():
+    model = make("LT_i")
+    idx, _ = batch()
+    h = norm(torch.randn(B, T, 16, dtype=torch.float64))
+    seen, _ = block_queries(model, idx, h)
+    assert all(q is None for _, _, q in seen)
+    assert torch.allclose(seen[0][1], norm(model.tok_emb(idx) + h))   # start = norm(x0 + h)
+    # block 1's input is block 0's output: nothing added in between
+    with torch.no_grad():
+        x1 = model.blocks[0](seen[0][1], (model.rope_cos[:T], model.rope_sin[:T]))
+    assert torch.equal(seen[1][1], x1)
+
+
+def test_lt_starts_from_previous_state():
+    model = make("LT")
+    idx, _ = batch()
+    h = norm(torch.randn(B, T, 16, dtype=torch.float64))
+    seen, _ = block_queries(model, idx, h)
+    assert seen[0][1] is h and all(q is None for _, _, q in seen)
+
+
+@pytest.mark.parametrize("loss_type", ["END", "STEP", "FEW"])
+def test_loss_types_combine_the_per_loop_losses(loss_type):
+    K = 6
+    model = make("FLT", n_loops=K, loss_type=loss_type)
+    idx, targets = batch()
+    with torch.no_grad():
+        _, loss = model(idx, targets)
+        per_loop = model.loop_losses(idx, targets)
+    # loop k's logits do not depend on how many loops follow: END at n_loops=k+1 is loop k
+    end_at = torch.stack([make("FLT", n_loops=K)(idx, targets, n_loops=k + 1)[1] for k in range(K)])
+    assert torch.allclose(per_loop, end_at.detach(), atol=1e-12)
+    want = {"END": per_loop[-1], "STEP": per_loop.mean(), "FEW": per_loop[-2:].mean()}[loss_type]
+    assert torch.allclose(loss, want, atol=1e-12)
+
+
+def test_few_is_the_last_third():
+    assert loss_loops("FEW", 12) == [8, 9, 10, 11]
+    assert loss_loops("FEW", 1) == [0] and loss_loops("FEW", 2) == [1]
+    assert loss_loops("STEP", 3) == [0, 1, 2] and loss_loops("END", 9) == [8]
+
+
+def test_residual_norms_one_per_loop():
+    model = make("LT", n_loops=4)
+    idx, targets = batch()
+    with torch.no_grad():
+        _, _, stats = model(idx, targets, return_stats=True)
+        _, _, stats7 = model(idx, targets, n_loops=7, return_stats=True)
+        xs = [x for _, x in model.loops(idx, 4)]
+    assert stats["residual_norms"].shape == (4,) and stats7["residual_norms"].shape == (7,)
+    assert torch.allclose(stats["residual_norms"].double(), torch.stack([x.norm(dim=-1).mean() for x in xs]))
+
+
+def test_fresh_model_state_norm_is_sqrt_d():
+    """Zero-initialised output projections: every block starts as the identity, so the
+    residual stream is norm(x0), of norm sqrt(n_embd) per token, in every loop."""
+    cfg = LoopedConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=16, n_loops=3)
+    _, loss, stats = LoopedTransformer(cfg)(batch()[0], batch()[1], return_stats=True)
+    assert torch.allclose(stats["residual_norms"], torch.full((3,), 4.0), atol=1e-4)
+    assert abs(loss.item() - math.log(V)) < 1e-5                     # zero lm head: uniform logits
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_causal_future_tokens_do_not_change_earlier_logits(variant):
+    model = make(variant, n_loops=3)
+    idx, _ = batch()
+    idx2 = idx.clone()
+    idx2[:, 10:] = (idx2[:, 10:] + 1) % V
+    with torch.no_grad():
+        a, b = model(idx)[0], model(idx2)[0]
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-10)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_optimizer_groups_and_generate():
+    model = LoopedTransformer(LoopedConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=16))
+    opt = model.configure_optimizers(0.1, 1e-3)
+    decay, no_decay = opt.param_groups
+    assert model.tok_emb.weight in no_decay["params"] and len(no_decay["params"]) == 1
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 20, top_k=5, n_loops=2)
+    assert out.shape == (2, 23) and out.max() < V
+
+
+@pytest.mark.parametrize("variant", ["LT_i", "FLT"])
+def test_tiny_lm_learns_a_tiny_corpus(variant):
+    text = b"the cat sat on the mat. " * 40
+    data = torch.tensor(list(text))
+    torch.manual_seed(0)
+    cfg = LoopedConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_embd=32, n_loops=3, variant=variant)
+    model = LoopedTransformer(cfg)
+    opt = model.configure_optimizers(0.0, 3e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(60):
+        ix = torch.randint(0, len(data) - 33, (8,), generator=g)
+        x = torch.stack([data[i:i + 32] for i in ix])
+        y = torch.stack([data[i + 1:i + 33] for i in ix])
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] > 5.0 and sum(losses[-5:]) / 5 < 1.5, (losses[0], losses[-5:])

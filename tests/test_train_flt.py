@@ -1,0 +1,173 @@
+"""train_flt.py end to end at tiny sizes: files written, exact resume, DDP, NaN stop."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import train_flt  # noqa: E402
+from looped import LoopedTransformer  # noqa: E402
+from training import load_checkpoint, read_log  # noqa: E402
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
+        "--warmup_steps=2", "--eval_batches=2", "--eval_interval=3", "--osc_steps=5"]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["loop", "the", "state", "norm", "query", "key", "value", "layer", "token", "residual"]
+    text = " ".join(rng.choice(words, size=1500)) + "\n"
+    path = tmp_path / "tiny.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def run(tmp_path, text_file, name="run", *extra):
+    out = str(tmp_path / name)
+    return out, train_flt.main([f"--data={text_file}", f"--out_dir={out}", *TINY, *extra])
+
+
+def test_configurator_rejects_bad_keys_through_the_script():
+    bad = subprocess.run([sys.executable, "train_flt.py", "--n_loop=12"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown key 'n_loop'" in bad.stderr and "n_loops" in bad.stderr
+    with pytest.raises(ValueError, match="wrong type"):
+        train_flt.main(["--n_loops=twelve"])
+    helped = subprocess.run([sys.executable, "train_flt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert helped.returncode == 0 and "--variant='FLT'" in helped.stdout and "--n_loops=12" in helped.stdout
+
+
+def test_missing_data_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        train_flt.main([f"--data={tmp_path}/nowhere.txt", f"--out_dir={tmp_path}/o"])
+    with pytest.raises(FileNotFoundError, match="train.bin"):
+        train_flt.main([f"--data={tmp_path}", f"--out_dir={tmp_path}/o"])
+
+
+def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
+    out, summary = run(tmp_path, text_file, "run", "--max_steps=6", "--variant=FLT_res")
+    assert json.load(open(os.path.join(out, "config.json")))["variant"] == "FLT_res"
+    records = read_log(out)
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    for r in steps:
+        assert set(r) == {"step", "loss", "lr", "grad_norm", "block_grad_norms", "residual_norms"}
+        assert len(r["block_grad_norms"]) == 1 and len(r["residual_norms"]) == 2
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert s == json.loads(json.dumps(summary))
+    for key in ("final_val_loss", "final_val_bpb", "grad_osc", "max_residual_norm", "diverged",
+                "diverged_reason", "test_loops", "test_val_loss", "params", "wall_time_s", "unigram_entropy"):
+        assert key in s
+    assert s["test_loops"] == [1, 2, 3, 4] and len(s["test_val_loss"]) == 4      # 1..2K
+    assert s["final_val_loss"] == s["test_val_loss"][1]
+    assert math.isclose(s["final_val_bpb"], s["final_val_loss"] / math.log(2))
+    g = [r["grad_norm"] for r in steps[:5]]
+    assert math.isclose(s["grad_osc"], float(np.std(np.diff(np.log(g)))), rel_tol=1e-9)
+    assert s["params"] == LoopedTransformer(train_flt.LoopedConfig(
+        vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16)).num_params()
+    assert s["diverged"] == (s["diverged_reason"] is not None)
+    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png"):
+        assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_resume_gives_the_identical_loss_curve(tmp_path, text_file):
+    straight, _ = run(tmp_path, text_file, "straight", "--max_steps=8")
+    split, _ = run(tmp_path, text_file, "split", "--max_steps=8", "--stop_step=4")
+    assert load_checkpoint(os.path.join(split, "ckpt.pt"))["step"] == 4
+    train_flt.main([f"--data={text_file}", f"--out_dir={split}", *TINY, "--max_steps=8", "--init_from=resume"])
+    a, b = read_log(straight), read_log(split)
+    assert [r["step"] for r in b if "loss" in r] == list(range(1, 9))
+    assert [r.get("loss", r.get("val_loss")) for r in a] == [r.get("loss", r.get("val_loss")) for r in b]
+    sa, sb = (load_checkpoint(os.path.join(d, "ckpt.pt")) for d in (straight, split))
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+
+
+def test_batches_are_a_function_of_seed_and_step(text_file):
+    train, _, _, _ = train_flt.load_data(type("C", (), {"data": text_file})())
+    C = type("C", (), {"seed": 1, "batch_size": 4, "block_size": 16})()
+    x1, y1 = train_flt.get_batch(train, C, step=5)
+    x2, _ = train_flt.get_batch(train, C, step=5)
+    x3, _ = train_flt.get_batch(train, C, step=6)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3) and torch.equal(x1[:, 1:], y1[:, :-1])
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, text_file, capsys, monkeypatch):
+    calls = {"n": 0}
+    forward = LoopedTransformer.forward
+
+    def poisoned(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 5:                       # the 5th training step
+                out = (out[0], out[1] * float("inf"), *out[2:])
+        return out
+
+    monkeypatch.setattr(LoopedTransformer, "forward", poisoned)
+    out, summary = run(tmp_path, text_file, "nan", "--max_steps=10", "--ckpt_interval=2")
+    err = capsys.readouterr()
+    assert "stopping: the loss is inf" in err.out + err.err and "last good checkpoint" in err.out + err.err
+    assert summary["diverged"] and summary["diverged_reason"] == "nan" and summary["nan_step"] == 5
+    assert load_checkpoint(os.path.join(out, "ckpt.pt"))["step"] == 4
+    assert max(r["step"] for r in read_log(out)) == 4
+
+
+def test_token_folder_data(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    rng.integers(0, 50, 3000).astype(np.uint16).tofile(folder / "train.bin")
+    rng.integers(0, 50, 500).astype(np.uint16).tofile(folder / "val.bin")
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_flt.main([f"--data={folder}", f"--out_dir={tmp_path}/t", *TINY, "--vocab_size=10"])
+    summary = train_flt.main([f"--data={folder}", f"--out_dir={tmp_path}/t", *TINY, "--vocab_size=50", "--max_steps=3"])
+    assert "final_val_bpb" not in summary and summary["final_val_loss"] < math.log(50) + 0.1
+
+
+def test_stdlib_docstrings_are_gathered_deduplicated_and_cached(tmp_path):
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "pkg" / "mod.py").write_text('"""Module doc."""\nclass A:\n    """Class doc."""\n'
+                                         '    def f(self):\n        """Module doc."""\n')
+    (root / "broken.py").write_text("def (:\n")
+    (root / "test" / "test_x.py").write_text('"""Skipped test doc."""\n')
+    docs = train_flt.stdlib_docstrings(str(root))
+    assert sorted(docs) == ["Class doc.", "Module doc."]
+    train, val = train_flt.prepare_stdlib(str(tmp_path / "cache"), root=str(root))
+    assert train.dtype == np.uint8 and len(train) + len(val) == len("Class doc.\n\nModule doc.")
+    assert os.path.exists(tmp_path / "cache" / "train.bin") and os.path.exists(tmp_path / "cache" / "val.bin")
+
+
+def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
+    a, _ = run(tmp_path, text_file, "a", "--max_steps=3", "--variant=LT")
+    b, _ = run(tmp_path, text_file, "b", "--max_steps=3", "--variant=FLT", "--n_loops=3")
+    figs = str(tmp_path / "figs")
+    rows = train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
+    assert len(rows) == 4 and "| LT | 2 |" in rows[2] and "| FLT | 3 |" in rows[3]
+    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png"):
+        assert os.path.getsize(os.path.join(figs, png)) > 1000
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
+
+
+def test_ddp_two_processes_gloo_keep_identical_weights(tmp_path, text_file):
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train_flt.py", f"--data={text_file}", f"--out_dir={out}", *TINY, "--max_steps=4",
+                           "--grad_accum=2"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.load(open(out / "summary.json"))
+    assert summary["ddp_replicas_identical"] is True
+    assert "world size 2" in proc.stderr + proc.stdout
+    assert len([r for r in read_log(str(out)) if "loss" in r]) == 4

@@ -1,0 +1,501 @@
+"""
+Train a looped Transformer language model (looped.py) and record the stability
+diagnostics of "Simply Stabilizing the Loop via a Fully Looped Transformer":
+loss, total and per-block gradient norms, the per-loop residual norm, a
+gradient-oscillation statistic, divergence, and the test-time loop curve.
+
+  python train_flt.py --variant=FLT --n_loops=12 --n_layer=2     # byte LM on stdlib docstrings
+  python train_flt.py --data=my.txt --variant=LT --n_loops=6     # any text file, as bytes
+  python train_flt.py --data=data/owt --vocab_size=50304         # nanoGPT train.bin/val.bin (uint16)
+  torchrun --standalone --nproc_per_node=2 train_flt.py ...      # DDP (gloo on CPU, nccl on GPU)
+  python train_flt.py --init_from=resume --out_dir=out/flt       # continue exactly where it stopped
+  python train_flt.py --compare=out/a,out/b --out_dir=assets     # figures from finished runs
+  python train_flt.py --help                                     # every key and its default
+
+Every run writes into out_dir: config.json; log.jsonl (one record per step:
+loss, lr, grad_norm, block_grad_norms, residual_norms; and val_loss records);
+summary.json (the fields listed in summarize()); ckpt.pt; and the figures.
+
+Definitions used in summary.json:
+  grad_osc      std over steps t = 0..N-2 (N = osc_steps, or fewer if the run is
+                shorter) of  log g_{t+1} - log g_t,  g_t = total gradient L2 norm
+                at step t BEFORE clipping. Large when the gradient norm jumps up
+                and down from step to step (the paper's "oscillating gradients").
+  residual norm mean over tokens of ||x_L^(t)||_2, the residual stream after the
+                last block of loop t, before the final norm; one number per loop.
+  diverged      True if the loss or gradient became NaN/inf ("nan"), or if the run
+                plateaued at the context-free level ("plateau"): the mean train
+                loss over the last 10% of steps (at least the last one) is
+                >= 0.95 * H_unigram, where H_unigram is the entropy (nats/token) of
+                the training data's unigram distribution, the loss of a model that
+                ignores context. A model that learns anything about context sits
+                well below it (bytes of English: H_unigram ~ 3 nats).
+  test-time loop curve  val loss (last-loop cross-entropy) of the trained model
+                read after 1, 2, ..., test_loops inference loops (default 2K).
+The batches are a pure function of (seed, step, micro-step, rank), so a resumed
+run draws exactly the batches the uninterrupted run would have drawn.
+"""
+
+import ast
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import training
+from looped import LoopedConfig, LoopedTransformer
+
+# -----------------------------------------------------------------------------
+# defaults: every one can be overridden with --key=value
+out_dir = "out/flt"
+data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes),
+                         # a text file (bytes), or a folder with train.bin/val.bin (uint16 ids)
+data_dir = "data/stdlib_docstrings"   # where the stdlib corpus is cached
+vocab_size = 256         # only for train.bin/val.bin folders; byte data always uses 256
+# model (looped.py)
+variant = "FLT"          # LT, LT_i, LT_ia, FLT_res, FLT
+n_loops = 12
+n_layer = 2
+n_head = 4
+n_embd = 128
+ffn_mult = 4
+block_size = 128
+loss_type = "END"        # END, STEP, FEW
+# optimisation
+batch_size = 16
+grad_accum = 1           # micro-batches per optimizer step (per rank)
+max_steps = 400
+lr = 3e-3
+min_lr_frac = 0.1
+warmup_steps = 40
+schedule = "cosine"      # cosine, linear, constant
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0          # 0 = no clipping
+# evaluation, diagnostics, checkpoints
+eval_interval = 100
+eval_batches = 20
+osc_steps = 200          # N of the gradient-oscillation statistic
+test_loops = 0           # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
+ckpt_interval = 200
+init_from = "scratch"    # scratch or resume (from out_dir/ckpt.pt)
+stop_step = 0            # stop after this many steps (checkpointed), keeping the schedule of max_steps; 0 = run to max_steps
+sample_tokens = 0        # print a sample of this many bytes at the end (byte data)
+# system
+seed = 1337
+device = "auto"          # auto, cpu, cuda, cuda:1, mps
+dtype = "auto"           # auto (bfloat16 on a capable GPU, else float32), float32, bfloat16
+compile = False          # torch.compile the model
+compare = ""             # DIR1,DIR2,...: draw the comparison figures of finished runs into out_dir and exit
+DEFAULTS = {k: v for k, v in list(globals().items())
+            if not k.startswith("_") and isinstance(v, (int, float, bool, str)) and k not in ("training",)}
+# -----------------------------------------------------------------------------
+
+
+# --- data ---------------------------------------------------------------------
+
+def stdlib_docstrings(root=None):
+    """The docstrings of every module, class and function in the Python standard
+    library's source (site-packages and test folders skipped), deduplicated, in a
+    fixed order. Every machine with Python has them; nothing is downloaded."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    skip = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+    files = []
+    for d, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(s for s in subdirs if s not in skip)
+        files += [os.path.join(d, n) for n in sorted(names) if n.endswith(".py")]
+    seen, docs = set(), []
+    for path in tqdm(files, desc="stdlib docstrings", leave=False):
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and doc not in seen:
+                    seen.add(doc)
+                    docs.append(doc)
+    return docs
+
+
+def prepare_stdlib(data_dir, root=None):
+    """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
+    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10)."""
+    train_path, val_path = os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin")
+    if not (os.path.exists(train_path) and os.path.exists(val_path)):
+        docs = stdlib_docstrings(root)
+        order = np.random.default_rng(0).permutation(len(docs))
+        raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
+        n = int(0.9 * len(raw))
+        os.makedirs(data_dir, exist_ok=True)
+        for path, part in ((train_path, raw[:n]), (val_path, raw[n:])):
+            part.tofile(path + ".tmp")
+            os.replace(path + ".tmp", path)
+        print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
+              f"into {data_dir}/train.bin, val.bin")
+    return np.fromfile(train_path, dtype=np.uint8), np.fromfile(val_path, dtype=np.uint8)
+
+
+def load_data(C):
+    """(train, val, vocab_size, is_bytes) for --data=stdlib | file.txt | DIR."""
+    if C.data == "stdlib":
+        train, val = prepare_stdlib(C.data_dir)
+        return train, val, 256, True
+    if os.path.isdir(C.data):
+        paths = [os.path.join(C.data, f) for f in ("train.bin", "val.bin")]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"--data={C.data} is a folder but {', '.join(missing)} is missing; "
+                                    f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
+        train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
+        for name, part in (("train.bin", train), ("val.bin", val)):
+            if len(part) <= 5e7 and len(part) and int(part.max()) >= C.vocab_size:
+                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={C.vocab_size}; "
+                                 f"set --vocab_size to the tokenizer's vocabulary size")
+        return train, val, C.vocab_size, False
+    if os.path.isfile(C.data):
+        raw = np.fromfile(C.data, dtype=np.uint8)
+        n = int(0.9 * len(raw))
+        return raw[:n], raw[n:], 256, True
+    raise FileNotFoundError(f"--data={C.data}: no such file or folder. Give 'stdlib', a text file, "
+                            f"or a folder holding train.bin and val.bin")
+
+
+def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
+    """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
+    by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
+    the same call always gives the same batch, which makes resume exact."""
+    rng = np.random.default_rng([C.seed, step, micro, rank, stream])
+    ix = rng.integers(0, len(data) - C.block_size - 1, size=C.batch_size)
+    xy = torch.from_numpy(np.stack([np.asarray(data[i:i + C.block_size + 1], dtype=np.int64) for i in ix]))
+    x, y = xy[:, :-1], xy[:, 1:]
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def unigram_entropy(data, vocab):
+    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free model."""
+    counts = np.bincount(np.asarray(data[:10_000_000]), minlength=vocab).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+@torch.no_grad()
+def eval_loop_losses(model, val, C, rt, n_loops):
+    """Mean val cross-entropy of every loop's logits, a list of n_loops numbers, on a
+    fixed set of C.eval_batches batches (the same ones at every evaluation)."""
+    model.eval()
+    total = torch.zeros(n_loops)
+    for i in range(C.eval_batches):
+        x, y = get_batch(val, C, step=i, stream=1, device=rt.device)
+        with rt.autocast():
+            total += model.loop_losses(x, y, n_loops).float().cpu()
+    model.train()
+    return (total / C.eval_batches).tolist()
+
+
+# --- the run ------------------------------------------------------------------
+
+def main(argv=None):
+    cfg = training.configure(DEFAULTS, argv, __doc__)
+    C = SimpleNamespace(**cfg)
+    if C.compare:
+        return plot_runs(C.compare.split(","), C.out_dir)
+    if C.init_from not in ("scratch", "resume"):
+        raise ValueError(f"--init_from={C.init_from!r}; choose scratch or resume")
+
+    rt = training.setup_runtime(C.device, C.dtype, C.seed)
+    if rt.device_type == "cpu":
+        torch.set_flush_denormal(True)    # denormal floats made some CPU runs (FLT, d=128) ~4x slower
+    if rt.ddp and not rt.master:
+        dist.barrier()                                       # rank 0 prepares the data first
+    train, val, vocab, is_bytes = load_data(C)
+    if rt.ddp and rt.master:
+        dist.barrier()
+    if min(len(train), len(val)) <= C.block_size + 1:
+        raise ValueError(f"the data is too short for block_size={C.block_size}: "
+                         f"{len(train)} train and {len(val)} val tokens")
+
+    model_args = dict(vocab_size=vocab, block_size=C.block_size, n_layer=C.n_layer, n_loops=C.n_loops,
+                      n_head=C.n_head, n_embd=C.n_embd, ffn_mult=C.ffn_mult, variant=C.variant,
+                      loss_type=C.loss_type)
+    model = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
+    optimizer = model.configure_optimizers(C.weight_decay, C.lr, (C.beta1, C.beta2), rt.device_type)
+    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
+    step, wall_before = 0, 0.0
+    if C.init_from == "resume":
+        ckpt = training.load_checkpoint(ckpt_path, map_location=rt.device)
+        differ = {k: (ckpt["model_args"].get(k), v) for k, v in model_args.items() if ckpt["model_args"].get(k) != v}
+        if differ:
+            raise ValueError(f"--init_from=resume with other model settings than the checkpoint "
+                             f"(checkpoint, now): {differ}")
+        training.load_state(model, ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step, wall_before = ckpt["step"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["rng"].cpu())
+        if "cuda_rng" in ckpt and torch.cuda.is_available():
+            torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu())
+    raw = model
+    if C.compile:
+        model = torch.compile(model)
+    if rt.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if C.init_from == "resume" else None)
+    say = tqdm.write if rt.master else (lambda *a, **k: None)
+    say(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; data: {len(train):,} train / "
+        f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {C.variant} x{C.n_loops} loops, "
+        f"{raw.num_params():,} parameters" + (f"; resuming at step {step}" if step else ""))
+
+    def save(steps_done):
+        if rt.master:
+            state = {"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": steps_done,
+                     "model_args": model_args, "config": cfg, "rng": torch.get_rng_state(),
+                     "wall_time": wall_before + time.time() - t_start}
+            if torch.cuda.is_available():
+                state["cuda_rng"] = torch.cuda.get_rng_state()
+            training.save_checkpoint(ckpt_path, state)
+
+    params = [p for p in raw.parameters() if p.requires_grad]
+    last_step = min(C.max_steps, C.stop_step) if C.stop_step > 0 else C.max_steps
+    t_start, nan_stop = time.time(), None
+    pbar = tqdm(range(step, last_step), initial=step, total=last_step, disable=not rt.master, desc=C.variant)
+    for it in pbar:
+        lr_now = training.lr_at(it, C.max_steps, C.lr, C.warmup_steps, C.schedule, C.min_lr_frac)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_now
+        loss_sum, res_norms = 0.0, torch.zeros(C.n_loops, device=rt.device)
+        for micro in range(C.grad_accum):
+            x, y = get_batch(train, C, it, micro, rt.rank, device=rt.device)
+            last_micro = micro == C.grad_accum - 1
+            with (model.no_sync() if rt.ddp and not last_micro else nullcontext()), rt.autocast():
+                _, loss, stats = model(x, y, return_stats=True)
+            (loss / C.grad_accum).backward()
+            loss_sum += loss.item() / C.grad_accum
+            res_norms += stats["residual_norms"] / C.grad_accum
+        loss_now = training.all_reduce_mean(loss_sum, rt)
+        if rt.ddp:
+            dist.all_reduce(res_norms)
+            res_norms /= rt.world_size
+        g_total = training.grad_norm(params).item()        # before clipping
+        if not (math.isfinite(loss_now) and math.isfinite(g_total)):
+            nan_stop = it + 1
+            last_good = training.load_checkpoint(ckpt_path)["step"] if os.path.exists(ckpt_path) else None
+            say(f"stopping: the loss is {loss_now} and the gradient norm {g_total} at step {it + 1}: the run "
+                f"diverged. Nothing from this step was saved; the last good checkpoint is "
+                + (f"{ckpt_path} (step {last_good})." if last_good is not None else "none (none was written yet)."))
+            break
+        block_norms = [training.grad_norm(b.parameters()).item() for b in raw.blocks]
+        if C.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, C.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        done = it + 1
+        log.log(step=done, loss=loss_now, lr=lr_now, grad_norm=g_total, block_grad_norms=block_norms,
+                residual_norms=[round(r, 4) for r in res_norms.tolist()])
+        pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
+        if done - step == 5 and rt.master:
+            per_step = (time.time() - t_start) / 5
+            say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min for {last_step - done} more steps")
+        if done % C.eval_interval == 0 or done == C.max_steps:
+            log.log(step=done, val_loss=eval_loop_losses(raw, val, C, rt, C.n_loops)[-1])
+        if done % C.ckpt_interval == 0 or done == last_step:
+            save(done)
+    pbar.close()
+
+    if nan_stop is None and last_step < C.max_steps:
+        say(f"stopped at step {last_step} (--stop_step); continue with --init_from=resume")
+        return None
+    summary = summarize(raw, val, C, rt, is_bytes, unigram_entropy(train, vocab), nan_stop,
+                        wall_before + time.time() - t_start)
+    if rt.ddp:
+        summary["ddp_replicas_identical"] = replicas_identical(raw)
+    log.summary(summary)
+    if rt.master:
+        say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        if is_bytes and C.sample_tokens and nan_stop is None:
+            prompt = torch.tensor([list(b"The ")], device=rt.device)
+            out = raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()
+            say(bytes(out).decode("utf-8", errors="replace"))
+        plot_runs([C.out_dir], C.out_dir, quiet=True)
+    if rt.ddp:
+        dist.destroy_process_group()
+    return summary
+
+
+def replicas_identical(model):
+    """DDP sanity check: every rank holds bit-identical weights (per-tensor sums agree)."""
+    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    lo, hi = sums.clone(), sums.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(lo, hi))
+
+
+def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time):
+    """summary.json: what a table of runs needs, computed from log.jsonl (so a
+    resumed run is summarised over its whole history) and one final evaluation."""
+    records = training.read_log(C.out_dir) if rt.master else []
+    steps = [r for r in records if "loss" in r]
+    losses = [r["loss"] for r in steps]
+    g = np.array([r["grad_norm"] for r in steps[:C.osc_steps]])
+    dlog = np.diff(np.log(np.maximum(g, 1e-30)))
+    tail = steps[len(steps) - max(1, len(steps) // 10):]
+    final_train = float(np.mean([r["loss"] for r in tail])) if tail else float("nan")
+    res = [r["residual_norms"] for r in steps]
+    n_test = max(C.test_loops or 2 * C.n_loops, C.n_loops)
+    curve = eval_loop_losses(model, val, C, rt, n_test) if nan_stop is None else []
+    reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
+    out = {
+        "variant": C.variant, "n_loops": C.n_loops, "n_layer": C.n_layer, "n_embd": C.n_embd,
+        "loss_type": C.loss_type, "params": model.num_params(), "steps": len(steps),
+        "final_train_loss": final_train,
+        "min_train_loss": float(min(losses)) if losses else float("nan"),
+        "final_val_loss": curve[C.n_loops - 1] if curve else float("nan"),
+        "unigram_entropy": h_unigram,
+        "grad_osc": float(np.std(dlog)) if len(dlog) else float("nan"),
+        "grad_osc_steps": len(g),
+        "max_grad_norm": float(g.max()) if len(g) else float("nan"),
+        "residual_norm_first": res[0] if res else [],
+        "residual_norm_last": res[-1] if res else [],
+        "max_residual_norm": float(max(max(r) for r in res)) if res else float("nan"),
+        "diverged": reason is not None, "diverged_reason": reason, "nan_step": nan_stop,
+        "test_loops": list(range(1, len(curve) + 1)), "test_val_loss": curve,
+        "wall_time_s": round(wall_time, 1),
+    }
+    if is_bytes:
+        out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
+    return out
+
+
+# --- figures ------------------------------------------------------------------
+
+def plot_runs(dirs, out_dir, quiet=False):
+    """Comparison figures of finished runs (one panel per trained loop count K,
+    one colour per variant): loss curves, gradient norms, per-loop residual norms,
+    the test-time loop curve; and compare.md, a table of their summaries."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = []
+    for d in dirs:
+        for name in ("config.json", "log.jsonl"):
+            if not os.path.exists(os.path.join(d, name)):
+                raise FileNotFoundError(f"--compare: {os.path.join(d, name)} is missing (is {d} a run folder?)")
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        summary_path = os.path.join(d, "summary.json")
+        summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+        runs.append(SimpleNamespace(dir=d, cfg=cfg, log=training.read_log(d), summary=summary))
+    variants = list(dict.fromkeys(r.cfg["variant"] for r in runs))
+    colour = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
+    Ks = sorted(set(r.cfg["n_loops"] for r in runs))
+    os.makedirs(out_dir, exist_ok=True)
+
+    def panels(title, ylabel, draw, logy=False, name=""):
+        fig, axes = plt.subplots(1, len(Ks), figsize=(4.2 * len(Ks), 3.4), squeeze=False, sharey=True)
+        for ax, K in zip(axes[0], Ks):
+            for r in runs:
+                if r.cfg["n_loops"] == K:
+                    draw(ax, r, colour[r.cfg["variant"]])
+            ax.set_title(f"{title}, trained with K={K} loops", fontsize=9)
+            ax.set_xlabel("step" if name != "flt_test_time_loops.png" else "inference loops")
+            if logy:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel(ylabel)
+        if axes[0][-1].get_legend_handles_labels()[0]:
+            axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=90)
+        plt.close(fig)
+
+    def smooth(y, w=10):
+        y = np.asarray(y, dtype=float)
+        return np.convolve(y, np.ones(w) / w, mode="valid") if len(y) >= w else y
+
+    def draw_loss(ax, r, c):
+        tr = [x for x in r.log if "loss" in x]
+        ys = smooth([x["loss"] for x in tr])
+        ax.plot([x["step"] for x in tr][len(tr) - len(ys):], ys, color=c, lw=1.2, label=r.cfg["variant"])
+        va = [x for x in r.log if "val_loss" in x]
+        ax.plot([x["step"] for x in va], [x["val_loss"] for x in va], "o", color=c, ms=3)
+        if "unigram_entropy" in r.summary:
+            ax.axhline(r.summary["unigram_entropy"], color="grey", ls=":", lw=0.8)
+
+    def draw_grad(ax, r, c):
+        tr = [x for x in r.log if "grad_norm" in x]
+        ax.plot([x["step"] for x in tr], [x["grad_norm"] for x in tr], color=c, lw=0.6, label=r.cfg["variant"])
+
+    def draw_curve(ax, r, c):
+        s = r.summary
+        if s.get("test_val_loss"):
+            ax.plot(s["test_loops"], s["test_val_loss"], ".-", color=c, label=r.cfg["variant"])
+            ax.axvline(r.cfg["n_loops"], color="grey", ls=":", lw=0.8)
+
+    panels("train loss (10-step mean; dots: val)", "nats / token", draw_loss, name="flt_loss.png")
+    panels("total grad norm before clipping", "L2 norm", draw_grad, logy=True, name="flt_grad_norm.png")
+    panels("val loss vs inference loops (dotted: K)", "nats / token", draw_curve, name="flt_test_time_loops.png")
+
+    # residual norm: a grid, rows = variants, columns = K; one line per loop, light to dark
+    fig, axes = plt.subplots(len(variants), len(Ks), figsize=(max(3.6 * len(Ks), 5), 2.2 * len(variants)),
+                             squeeze=False, sharex=True)
+    for i, v in enumerate(variants):
+        for j, K in enumerate(Ks):
+            ax = axes[i][j]
+            for r in runs:
+                if r.cfg["variant"] == v and r.cfg["n_loops"] == K:
+                    tr = [x for x in r.log if "residual_norms" in x]
+                    arr = np.array([x["residual_norms"] for x in tr])
+                    for t in range(arr.shape[1]):
+                        ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,
+                                color=plt.get_cmap("viridis")(t / max(1, arr.shape[1] - 1)))
+                    ax.set_yscale("log")
+            ax.set_title(f"{v}, K={K}", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+    fig.suptitle("residual norm per loop vs step\n(mean token L2 before the final norm; purple = loop 1, yellow = last)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "flt_residual_norm.png"), dpi=80)
+    plt.close(fig)
+
+    # the table
+    rows = ["| run | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) | max res. norm "
+            "| grad osc | diverged | best test-time loops (val) |", "|" + "---|" * 10]
+    for r in runs:
+        s = r.summary
+        if not s:
+            continue
+        curve = s.get("test_val_loss") or [float("nan")]
+        best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
+        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {s['variant']} | {s['n_loops']} "
+                    f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', float('nan')):.3f} "
+                    f"| {s['residual_norm_first'][-1] if s['residual_norm_first'] else float('nan'):.1f} -> "
+                    f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else float('nan'):.1f} "
+                    f"| {s['max_residual_norm']:.1f} | {s['grad_osc']:.3f} "
+                    f"| {s['diverged_reason'] or 'no'} | {best} ({min(curve):.3f}) |")
+    with open(os.path.join(out_dir, "compare.md"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    if not quiet:
+        print("\n".join(rows))
+        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in ('flt_loss.png', 'flt_grad_norm.png', 'flt_residual_norm.png', 'flt_test_time_loops.png'))}")
+    return rows
+
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(2 if isinstance(result, dict) and result.get("diverged_reason") == "nan" else 0)
