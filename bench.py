@@ -358,6 +358,7 @@ def bench_looped(cfg, dev):
         results.append(row)
     print(markdown_table(results, [("variant", "variant", "")] + [(f"r{K}", f"t({K})/t(1)", ".2f") for K in Ks[1:]] +
                          [("per_loop_ms", "ms per loop", ".2f"), ("fixed_ms", "fixed ms", ".2f"),
+                          ("loop_ratio_12", "(t(12)-fixed)/(t(1)-fixed)", ".2f"),
                           ("max_dev_from_line", "max dev. from line", ".1%")]))
     print()
     print(markdown_table(results, [("variant", "variant", "")] + [(f"vsLT{K}", f"/LT at K={K}", ".3f") for K in Ks]))
