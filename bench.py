@@ -3,8 +3,8 @@ Benchmarks: is this code as fast as what one would write with torch.nn, and do
 paper-scale runs fit one device? Prints a markdown table per section and writes
 every number into bench.json.
 
-  python bench.py                              # everything, ~10-15 min on 2 CPU cores
-  python bench.py --quick=True                 # reduced sizes, under 2 minutes
+  python bench.py                              # everything, ~6 min on 2 CPU cores
+  python bench.py --quick                      # reduced sizes, under 1 minute
   python bench.py --only=throughput,memory     # some sections only
   python bench.py --only=cuda --compile=True   # on a GPU: tokens/s and MFU, bf16
   python bench.py --help                       # every key and its default
@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -219,6 +220,9 @@ def bench_throughput(cfg, dev):
                                    ("ffn_mult", "ffn", "d"), ("T", "T", "d"), ("B", "B", "d"),
                                    ("ours_tok_s", "ours tok/s", ".0f"), ("ref_tok_s", "nn.TransformerEncoder tok/s", ".0f"),
                                    ("reps", "reps", "d"), ("ratio", "ratio (>=1: ours as fast)", ".3f")]))
+    worst = min(results, key=lambda r: r["ratio"])
+    print(f"\ngoal ratio >= 1.0 everywhere: {'met' if worst['ratio'] >= 1.0 else 'NOT met'} "
+          f"(lowest {worst['ratio']:.3f} at {worst['config']}; ratio = median of ref time / our time, paired)")
     return dict(rows=results)
 
 
@@ -364,6 +368,10 @@ def bench_looped(cfg, dev):
     print(markdown_table(results, [("variant", "variant", "")] + [(f"vsLT{K}", f"/LT at K={K}", ".3f") for K in Ks]))
     print("\nt(K)/t(1) includes the fixed cost (embedding, lm head, loss, AdamW) that does not loop; "
           "'ms per loop' and the deviation of t(K) from a straight line test linear growth.")
+    off12 = {r["variant"]: abs(r["r12"] / 12 - 1) for r in results}
+    flt = max(r["vsLT" + str(K)] for r in results if r["variant"] == "FLT" for K in Ks)
+    print(f"goal t(12)/t(1) within 10% of 12: met by {[v for v, o in off12.items() if o <= 0.10] or 'none'}; "
+          f"goal FLT/LT <= 1.10 at every K: {'met' if flt <= 1.10 else 'NOT met'} (largest {flt:.3f})")
     for row in results:
         row["ms"] = {str(k): v for k, v in row["ms"].items()}
     return dict(B=B, T=T, reps=reps, rows=results)
@@ -468,6 +476,9 @@ def bench_cuda(cfg, dev):
                                    ("ours_mfu", "ours MFU", ".1%"), ("ref_tok_s", "nn.TransformerEncoder tok/s", ".0f"),
                                    ("ref_mfu", "ref MFU", ".1%"), ("ratio", "ratio", ".3f"),
                                    ("max_mem_GiB", "peak GiB (both)", ".1f")]))
+    text = [r for r in results if r["config"] == "Text" and r["ours_mfu"] is not None]
+    if text:
+        print(f"\ngoal MFU >= 35% on Text at T=4096 (H100/H200 class): {text[0]['ours_mfu']:.1%}")
     return dict(gpu=name, peak_flops=peak, compile=cfg["compile"], reps=reps, rows=results)
 
 
@@ -477,6 +488,8 @@ BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_lo
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    argv = ["--quick=True" if a == "--quick" else a for a in argv]     # the bare flag, too
     cfg = training.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
                                                           "peak_flops", "threads")}, argv, __doc__)
     dev = cfg["device"]
