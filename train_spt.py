@@ -666,7 +666,7 @@ def plot_evolution(run_dirs, path, n_cols=6):
 # -----------------------------------------------------------------------------
 # Gathering results: --report=DIR,... -> one markdown table
 
-REPORT_COLUMNS = ("task", "depth", "pretrain_task", "pretrain_epochs", "init_params", "freeze",
+REPORT_COLUMNS = ("task", "depth", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
                   "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
 
 
@@ -766,7 +766,8 @@ def main(argv=None):
     load_state(model, load_checkpoint(best_path, rt.device)["model"])
     test = evaluate(Classification(model), test_ds, cfg, rt, "finetune")
     summary = dict(
-        task=cfg["task"], depth=cfg["depth"], pretrain_epochs=cfg["pretrain_epochs"],
+        task=cfg["task"], depth=cfg["depth"],
+        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0,   # SPT run here (else see init_from)
         pretrain_task=pre_task, init_from=cfg["init_from"], init_params=cfg["init_params"],
         freeze=cfg["freeze"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],
         best_val_acc=ft_state["best"], best_epoch=ft_state["best_epoch"], test_acc=test["acc"],

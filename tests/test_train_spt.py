@@ -55,7 +55,7 @@ def test_spt_recovers_proximity_attention(spt_vs_scratch):
 def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
     base, _, _ = spt_vs_scratch
     table = train_spt.main([f"--report={base}"])
-    rows = [line for line in table.splitlines() if "| synthetic | 1 | synthetic |" in line]
+    rows = [line for line in table.splitlines() if "| synthetic | 1 | sinusoidal | synthetic |" in line]
     assert len(rows) == 2 and {"| 5 |", "| 0 |"} <= {c for r in rows for c in ("| 5 |", "| 0 |") if c in r}
     assert (base / "report.md").read_text().strip() == table
 
