@@ -277,8 +277,11 @@ def hybrid_init(model, ckpt_path, which):
     at their random init (claim 5). Returns the names copied."""
     state = load_checkpoint(ckpt_path)["model"]
     names = select_params(model, which)
-    load_state(model, {k: v for k, v in state.items() if k in names} | 
-               {k: v for k, v in model.state_dict().items() if k not in names})
+    missing = [k for k in names if k not in state]
+    if missing:
+        raise ValueError(f"{ckpt_path} lacks {missing}; was it saved by a model of this shape?")
+    mixed = {k: state[k] if k in names else v for k, v in model.state_dict().items()}
+    load_state(model, mixed)
     return names
 
 
