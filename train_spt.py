@@ -666,8 +666,28 @@ def plot_evolution(run_dirs, path, n_cols=6):
     return path
 
 
+def plot_val_accuracy(run_dirs, path):
+    """Finetuning val accuracy per epoch, one line per run: solid when it starts from
+    SPT weights (its own or a checkpoint's), dashed when from scratch."""
+    plt, (fig, ax) = plt_figure(figsize=(8, 3.8))
+    for d in run_dirs:
+        with open(os.path.join(d, "summary.json")) as f:
+            s = json.load(f)
+        spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
+        vals = [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
+        if vals:
+            ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
+                    label=os.path.relpath(d), markersize=3)
+    ax.set_xlabel("finetuning epoch"), ax.set_ylabel("val accuracy"), ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 # -----------------------------------------------------------------------------
-# Gathering results: --report=DIR,... -> one markdown table
+# Gathering results: --report=DIR,... -> one markdown table and two figures
 
 REPORT_COLUMNS = ("task", "depth", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
                   "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
@@ -690,7 +710,9 @@ def report(dirs):
     first = dirs.split(",")[0]
     with open(os.path.join(first if os.path.isdir(first) else ".", "report.md"), "w") as f:
         f.write(table + "\n")
-    fig = plot_evolution([os.path.dirname(p) for p in paths], os.path.join(first, "attention_evolution.png"))
+    run_dirs = [os.path.dirname(p) for p in paths]
+    print(f"val accuracy figure: {plot_val_accuracy(run_dirs, os.path.join(first, 'val_accuracy.png'))}")
+    fig = plot_evolution(run_dirs, os.path.join(first, "attention_evolution.png"))
     if fig:
         print(f"attention evolution figure: {fig}")
     return table

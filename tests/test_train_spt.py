@@ -58,6 +58,7 @@ def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
     rows = [line for line in table.splitlines() if "| synthetic | 1 | sinusoidal | synthetic |" in line]
     assert len(rows) == 2 and {"| 5 |", "| 0 |"} <= {c for r in rows for c in ("| 5 |", "| 0 |") if c in r}
     assert (base / "report.md").read_text().strip() == table
+    assert os.path.getsize(base / "val_accuracy.png") > 0
 
 
 def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
