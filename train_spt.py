@@ -666,13 +666,11 @@ def plot_evolution(run_dirs, path, n_cols=6):
     return path
 
 
-def plot_val_accuracy(run_dirs, path):
-    """Finetuning val accuracy per epoch, one line per run: solid when it starts from
-    SPT weights (its own or a checkpoint's), dashed when from scratch."""
+def plot_val_accuracy(runs, path):
+    """Finetuning val accuracy per epoch, one line per (run_dir, summary): solid when
+    the run starts from SPT weights (its own or a checkpoint's), dashed when from scratch."""
     plt, (fig, ax) = plt_figure(figsize=(8, 3.8))
-    for d in run_dirs:
-        with open(os.path.join(d, "summary.json")) as f:
-            s = json.load(f)
+    for d, s in runs:
         spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
         vals = [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
         if vals:
@@ -699,20 +697,22 @@ def report(dirs):
         paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
     if not paths:
         raise FileNotFoundError(f"no summary.json under {dirs}")
-    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
+    runs = []
     for p in paths:
         with open(p) as f:
-            s = json.load(f)
+            runs.append((os.path.dirname(p), json.load(f)))
+    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
+    for d, s in runs:
         cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
-        lines.append(f"| {os.path.dirname(p)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)
     first = dirs.split(",")[0]
-    with open(os.path.join(first if os.path.isdir(first) else ".", "report.md"), "w") as f:
+    where = first if os.path.isdir(first) else "."   # report.md and the figures go here
+    with open(os.path.join(where, "report.md"), "w") as f:
         f.write(table + "\n")
-    run_dirs = [os.path.dirname(p) for p in paths]
-    print(f"val accuracy figure: {plot_val_accuracy(run_dirs, os.path.join(first, 'val_accuracy.png'))}")
-    fig = plot_evolution(run_dirs, os.path.join(first, "attention_evolution.png"))
+    print(f"val accuracy figure: {plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'))}")
+    fig = plot_evolution([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
     if fig:
         print(f"attention evolution figure: {fig}")
     return table
