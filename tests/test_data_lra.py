@@ -396,26 +396,26 @@ def test_pathfinder_flood_fill_solver_agrees_with_labels():
     assert agree >= 0.9, agree
 
 
-def test_pathfinder_no_linear_or_marker_distance_shortcut_baseline():
-    rng = np.random.default_rng(2)
-    labels = rng.permutation(np.arange(1200) % 2)
-    images, markers = D.pathfinder_batch(rng, labels, 32, 6)
-    assert held_out_accuracy(images.reshape(1200, -1) / 255.0, labels) <= 0.6
+def assert_no_shortcut(seed, n, contour_length):
+    """Neither the raw pixels nor the marker distance predict the label held out."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % 2)
+    images, markers = D.pathfinder_batch(rng, labels, 32, contour_length)
+    assert held_out_accuracy(images.reshape(n, -1) / 255.0, labels) <= 0.6
     dist = np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1)
-    features = np.stack([dist, dist ** 2], 1) / 30
-    assert held_out_accuracy(features, labels, lam=1e-3) <= 0.6
+    assert held_out_accuracy(np.stack([dist, dist ** 2], 1) / 30, labels, lam=1e-3) <= 0.6
+    return images, markers, labels
+
+
+def test_pathfinder_no_linear_or_marker_distance_shortcut_baseline():
+    images, markers, labels = assert_no_shortcut(seed=2, n=1200, contour_length=6)
     # and the same solver that checks the labels does see the task
     assert (flood_fill_connected(images[:300], markers[:300]) == labels[:300]).mean() >= 0.9
 
 
 @pytest.mark.slow
 def test_pathfinder_no_shortcut_contour_length_14():
-    rng = np.random.default_rng(3)
-    labels = rng.permutation(np.arange(2000) % 2)
-    images, markers = D.pathfinder_batch(rng, labels, 32, 14)
-    assert held_out_accuracy(images.reshape(2000, -1) / 255.0, labels) <= 0.6
-    dist = np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1)
-    assert held_out_accuracy(np.stack([dist, dist ** 2], 1) / 30, labels, lam=1e-3) <= 0.6
+    assert_no_shortcut(seed=3, n=2000, contour_length=14)
 
 
 def test_pathfinder_generation_is_deterministic_and_worker_independent():
