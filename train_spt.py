@@ -439,7 +439,7 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
     total_steps = epochs * steps_per_epoch
     warmup = int(cfg["warmup_frac"] * total_steps)
     best_path = os.path.join(cfg["out_dir"], f"{phase}_best.pt")
-    state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0, history=[])
+    state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
     if resume is not None and resume["phase"] == phase:
         optimizer.load_state_dict(resume["optimizer"])
         state.update({k: resume[k] for k in state})
@@ -518,7 +518,6 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
         score = -metrics["loss"] if spt else metrics["acc"]
         improved = state["best"] is None or score > state["best"]
         state.update(epoch=epoch + 1, step_in_epoch=0)
-        state["history"].append(dict(epoch=epoch + 1, step=state["step"], **metrics))
         log.log(phase=phase, step=state["step"], epoch=epoch + 1, val_loss=metrics["loss"],
                 val_acc=metrics["acc"])
         if improved:
