@@ -21,9 +21,19 @@ i - j only) the position-only score matrix (PE W_Q)(PE W_K)^T is.
 
 Every key below is a --key=value flag; --help lists them with their defaults.
 The defaults are the papers' one-GPU settings for the chosen task.
+
+Run folders: a run refuses an out_dir that holds another run's results
+(--overwrite=True replaces them) and writes nothing there until its flags, data
+and model have been checked. --init_from=resume continues the run in --out_dir,
+wherever that folder now is, with the checkpoint's config; of the flags given
+with it, those in RESUME_SAFE (lr, pretrain_lr, grad_clip, max_hours, logging,
+device) are applied and recorded in config.json and log.jsonl, any other that
+differs is refused. A NaN or inf loss or gradient stops the run; checkpoints
+only ever hold finite weights. Errors are one line; --debug=True shows the traceback.
 """
 
 import glob
+import hashlib
 import json
 import math
 import os
@@ -40,8 +50,10 @@ from tqdm import tqdm
 
 import synthetic
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunLog, configure, load_checkpoint, load_state, lr_at, read_log,
-                      save_checkpoint, setup_runtime, unwrap)
+from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, given_keys,
+                      last_good_checkpoint, load_checkpoint, load_state, lr_at, parse_int_list,
+                      read_log, release_out_dir, resume_config, run_cli, save_checkpoint,
+                      setup_runtime, unwrap)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs, SPEC.md).
@@ -56,7 +68,8 @@ DEFAULTS = dict(
     max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
     n_train=0,               # use only the first n training examples (0 = all)
     n_eval=0,                # use only the first n val/test examples (0 = all)
-    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
+    overwrite=False,         # replace the results of an earlier run in out_dir
     seed=0,
     # model
     pos_enc="sinusoidal", pool="mean", dropout=0.0,
@@ -79,7 +92,7 @@ DEFAULTS = dict(
     halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
     report="",               # comma list of folders: gather their summary.json into a table
     # system
-    device="auto", dtype="auto", compile=False, num_workers=0,
+    device="auto", dtype="auto", compile=False, num_workers=0, debug=False,
 )
 
 TASKS = {   # depth = n_layer
@@ -98,6 +111,16 @@ TASKS = {   # depth = n_layer
     "pathx": dict(depth=4, n_embd=128, n_head=8, ffn_mult=1, lr=5e-4, batch_size=16,
                   pretrain_epochs=200, epochs=200, mask_ratio=0.50),
 }
+
+
+RESUME_SAFE = ("lr", "pretrain_lr", "grad_clip", "max_hours", "patience", "log_every", "ckpt_every",
+               "halt_after_steps", "device", "dtype", "compile", "num_workers", "debug")
+
+# Flags that only some tasks read: anything but their default elsewhere is refused.
+TASK_FLAGS = dict(max_len=("listops", "text", "retrieval"),
+                  n_generate=("listops", "pathfinder", "pathx"),
+                  data_source=("listops", "pathfinder", "pathx"),
+                  difficulty=("pathfinder", "pathx"))
 
 
 def get_config(argv):
@@ -122,11 +145,37 @@ def check_config(cfg):
         if bad:
             raise ValueError(f"--{key}={cfg[key]}: unknown parameter group {bad[0]!r}; choose from "
                              f"{sorted(groups)}, a comma list of them, or none")
+    check_ranges(cfg, positive=("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "grad_accum",
+                                "epochs", "log_every", "max_hours"),
+                 nonnegative=("pretrain_epochs", "n_generate", "max_len", "n_train", "n_eval", "patience",
+                              "weight_decay", "grad_clip", "pretrain_lr", "ckpt_every",
+                              "snapshot_attn_every", "halt_after_steps", "num_workers"),
+                 fractions=("dropout", "warmup_frac"))
+    TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],   # model flags,
+                      ffn_mult=cfg["ffn_mult"], pos_enc=cfg["pos_enc"], pool=cfg["pool"])   # before the data
     if not 0 < cfg["mask_ratio"] < 1:
         raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
+    parse_int_list("save_epochs", cfg["save_epochs"])
+    for key, tasks in TASK_FLAGS.items():
+        if cfg[key] != DEFAULTS[key] and cfg["task"] not in tasks:
+            raise ValueError(f"--{key}={cfg[key]} does not apply to --task={cfg['task']} (only to "
+                             f"{', '.join(tasks)}); leave it out")
     if cfg["init_from"] not in ("", "resume") and not os.path.exists(cfg["init_from"]):
         raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
     return cfg
+
+
+def default_out_dir(cfg):
+    """out/<task>_d<depth>_<pretrain_epochs>ep, plus every other flag that differs
+    from the task's defaults, so two different runs never share a folder."""
+    base = {**DEFAULTS, **TASKS[cfg["task"]]}
+    skip = {"task", "depth", "pretrain_epochs", "out_dir", "overwrite", "device", "dtype", "compile",
+            "num_workers", "debug", "log_every", "halt_after_steps"}
+    extra = "".join(f"_{k}-{cfg[k]}" for k in base if k not in skip and cfg[k] != base[k])
+    extra = extra.replace("/", "-").replace(",", "+")
+    if len(extra) > 100:                                  # long: keep it unique, not readable
+        extra = extra[:80] + "_" + hashlib.sha1(extra.encode()).hexdigest()[:10]
+    return os.path.join("out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep{extra}")
 
 
 # -----------------------------------------------------------------------------
@@ -165,6 +214,18 @@ class Subset(torch.utils.data.Dataset):
 
     def __getattr__(self, name):
         return getattr(self.ds, name)
+
+
+def check_data(cfg, rt, splits):
+    """Every split holds examples, and the training sets at least one global batch."""
+    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    for name, ds in splits.items():
+        if len(ds) == 0:
+            raise ValueError(f"the {name} split of --task={cfg['task']} is empty (data under "
+                             f"{cfg['data_dir']}); check the files or --n_train/--n_eval")
+        if name in ("train", "pretrain") and len(ds) < G:
+            raise ValueError(f"the {name} split has {len(ds)} examples, fewer than one global batch "
+                             f"of {G}; lower --batch_size or --grad_accum")
 
 
 def epoch_batches(n, cfg, rt, seed):
@@ -445,13 +506,29 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
         state.update({k: resume[k] for k in state})
         mask_gen.set_state(resume["mask_gen"])
         torch.set_rng_state(resume["torch_rng"])
-    save_epochs = {int(e) for e in cfg["save_epochs"].split(",") if e.strip()} if spt else set()
+    save_epochs = parse_int_list("save_epochs", cfg["save_epochs"]) if spt else set()
     t0 = time.time()
     if rt.master:
         print(f"[{phase}] {len(train_ds)} train / {len(val_ds)} val examples, {epochs} epochs x "
               f"{steps_per_epoch} steps, lr {lr:g}, {sum(p.numel() for p in params):,} trainable parameters")
 
+    # First step whose loss or gradient was NaN/inf (0 = none), kept on the device: it
+    # is read on the host every step on a CPU (free there), and on a GPU at each log
+    # step and before anything is saved, so no checkpoint ever holds unchecked weights.
+    nonfinite_at = torch.zeros((), dtype=torch.long, device=rt.device)
+    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
+
+    def stop_if_nonfinite():
+        bad = int(nonfinite_at.item())
+        if bad:
+            raise FloatingPointError(
+                f"[{phase}] the loss or gradient became NaN or inf at step {bad}; stopping, nothing from "
+                f"that step on was saved, and {last_good_checkpoint(ckpt_path)}. Lower --lr (or set "
+                f"--grad_clip if it is 0) and resume with --init_from=resume --lr=..., or start again "
+                f"with --overwrite=True")
+
     def checkpoint():
+        stop_if_nonfinite()
         if rt.master:
             save_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dict(
                 phase=phase, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
@@ -487,18 +564,18 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
             for group in optimizer.param_groups:                     # lr schedule (warmup, decay)
                 group["lr"] = lr_at(state["step"], total_steps, lr, warmup, cfg["schedule"])
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
+            finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
+            nonfinite_at = torch.where((nonfinite_at == 0) & ~finite, state["step"] + 1, nonfinite_at)
+            if rt.device_type == "cpu":
+                stop_if_nonfinite()                                  # before the step: weights stay finite
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["step_in_epoch"] += 1
             bar.update(1)
             if state["step"] % cfg["log_every"] == 0 or state["step"] == 1:
+                stop_if_nonfinite()
                 value = loss.item()
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"[{phase}] loss became {value} at step {state['step']}; stopping. The last "
-                        f"good checkpoint is {cfg['out_dir']}/ckpt.pt. Lower --lr (or set --grad_clip "
-                        f"if it is 0) and resume with --init_from=resume.")
                 log.log(phase=phase, step=state["step"], epoch=epoch, loss=value,
                         lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
                 bar.set_postfix(loss=f"{value:.4f}")
@@ -514,7 +591,11 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
                 bar.close()
                 raise SystemExit(f"halted after {STEPS_RUN[0]} steps (--halt_after_steps)")
         bar.close()
+        stop_if_nonfinite()
         metrics = evaluate(objective, val_ds, cfg, rt, phase)
+        if not math.isfinite(metrics["loss"]):
+            nonfinite_at.fill_(state["step"])
+            stop_if_nonfinite()                                      # a NaN val loss is never "best"
         score = -metrics["loss"] if spt else metrics["acc"]
         improved = state["best"] is None or score > state["best"]
         state.update(epoch=epoch + 1, step_in_epoch=0)
@@ -729,25 +810,36 @@ def written_before(ckpt):
     return lambda r: (PHASES.index(r["phase"]), r["step"]) <= at
 
 def main(argv=None):
-    cfg = get_config(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = get_config(argv)
     STEPS_RUN[0] = 0
     if cfg["report"]:
         return report(cfg["report"])
-    cfg["out_dir"] = cfg["out_dir"] or os.path.join(
-        "out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep")
+    cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
+    resume = None
+    if cfg["init_from"] == "resume":          # the folder given, the checkpoint's config
+        check_out_dir(cfg["out_dir"], resume=True)
+        resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        given = cfg
+        cfg, changed = resume_config(resume["config"], given, given_keys(argv), RESUME_SAFE)
+        cfg["halt_after_steps"], cfg["debug"] = given["halt_after_steps"], given["debug"]  # this call only
+        if changed:
+            print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+    check_out_dir(cfg["out_dir"], cfg["overwrite"], resume is not None)
     rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
     t_start = time.time()
-    resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt")) if cfg["init_from"] == "resume" else None
-    if resume is not None:
-        cfg = {**resume["config"], "init_from": "resume", "halt_after_steps": cfg["halt_after_steps"]}
-    log = RunLog(cfg["out_dir"], cfg, rt.master, keep=resume and written_before(resume))
-    log_resume_phase = resume and resume["phase"]
 
     train_ds, val_ds, test_ds = (load_data(cfg["task"], s, cfg) for s in ("train", "val", "test"))
     pre_task = cfg["pretrain_task"] or cfg["task"]
     pre_train, pre_val = (train_ds, val_ds) if pre_task == cfg["task"] else \
         (load_data(pre_task, "train", cfg), load_data(pre_task, "val", cfg))
+    check_data(cfg, rt, dict(train=train_ds, val=val_ds, test=test_ds, pretrain=pre_train, pretrain_val=pre_val))
     model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
+    claim_out_dir(cfg["out_dir"], cfg["overwrite"] and resume is None, rt.master)   # checks done: write
+    log = RunLog(cfg["out_dir"], cfg, rt.master, keep=resume and written_before(resume))
+    if resume:
+        log.log(phase=resume["phase"], step=resume["step"], event="resume", changed=cfg["resumes"][-1])
+    log_resume_phase = resume and resume["phase"]
     if rt.master:
         print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
               f"{len(train_ds)}/{len(val_ds)}/{len(test_ds)} train/val/test; pretraining on "
@@ -822,11 +914,9 @@ def main(argv=None):
               f"(uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
     if rt.ddp:
         dist.destroy_process_group()
+    release_out_dir(cfg["out_dir"])
     return summary
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        sys.exit(f"error: {e}")
+    run_cli(main)
