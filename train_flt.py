@@ -34,9 +34,20 @@ Definitions used in summary.json:
                 read after 1, 2, ..., test_loops inference loops (default 2K).
 The batches are a pure function of (seed, step, micro-step, rank), so a resumed
 run draws exactly the batches the uninterrupted run would have drawn.
+
+Run folders: a run refuses an out_dir that holds another run's results
+(--overwrite=True replaces them) and writes nothing there until its flags, data
+and model have been checked. --init_from=resume continues the run in --out_dir,
+wherever that folder now is, with the checkpoint's config; of the flags given
+with it, those in RESUME_SAFE (lr, grad_clip, eval_interval, ckpt_interval,
+stop_step, sample_tokens, device, dtype, compile) are applied and recorded in
+config.json and log.jsonl, any other that differs is refused. A NaN or inf loss or gradient
+stops the run before the optimizer step. Errors are one line; --debug=True
+shows the traceback.
 """
 
 import ast
+import hashlib
 import json
 import math
 import os
@@ -52,7 +63,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import training
-from looped import LoopedConfig, LoopedTransformer
+from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
@@ -97,9 +108,37 @@ device = "auto"          # auto, cpu, cuda, cuda:1, mps
 dtype = "auto"           # auto (bfloat16 on a capable GPU, else float32), float32, bfloat16
 compile = False          # torch.compile the model
 compare = ""             # DIR1,DIR2,...: draw the comparison figures of finished runs into out_dir and exit
+overwrite = False        # replace the results of an earlier run in out_dir
+debug = False            # show the traceback of a user error
 DEFAULTS = {k: v for k, v in list(globals().items())
             if not k.startswith("_") and isinstance(v, (int, float, bool, str)) and k not in ("training",)}
 # -----------------------------------------------------------------------------
+RESUME_SAFE = ("lr", "grad_clip", "eval_interval", "ckpt_interval", "stop_step", "sample_tokens",
+               "device", "dtype", "compile", "debug")
+
+
+def check_config(C, argv):
+    """Refuse bad values before any work is done, naming what is allowed."""
+    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES),
+                             schedule=("cosine", "linear", "constant"),
+                             init_from=("scratch", "resume")).items():
+        if getattr(C, key) not in allowed:
+            raise ValueError(f"--{key}={getattr(C, key)} is not one of {allowed}")
+    training.check_ranges(vars(C), positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult",
+                                             "block_size", "batch_size", "grad_accum", "max_steps", "lr",
+                                             "eval_interval", "eval_batches", "ckpt_interval", "vocab_size"),
+                          nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
+                                       "sample_tokens", "min_lr_frac"),
+                          fractions=("beta1", "beta2"))
+    if C.osc_steps < 2:
+        raise ValueError(f"--osc_steps={C.osc_steps} is out of range: the statistic needs at least 2 steps")
+    explicit = training.given_keys(argv)
+    if "vocab_size" in explicit and (C.data == "stdlib" or not os.path.isdir(C.data)):
+        raise ValueError("--vocab_size applies only to a folder of train.bin/val.bin token ids; byte data "
+                         "always has 256; leave it out")
+    if "data_dir" in explicit and C.data != "stdlib":
+        raise ValueError("--data_dir is where the stdlib corpus is cached; it does not apply to "
+                         f"--data={C.data}; leave it out")
 
 
 # --- data ---------------------------------------------------------------------
@@ -130,22 +169,46 @@ def stdlib_docstrings(root=None):
     return docs
 
 
+STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are rebuilt
+
+
 def prepare_stdlib(data_dir, root=None):
     """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
-    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10)."""
-    train_path, val_path = os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin")
-    if not (os.path.exists(train_path) and os.path.exists(val_path)):
+    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
+    A sidecar stdlib.json holds the recipe version and each file's size and sha256;
+    a cache that disagrees with it (truncated, edited, older) is rebuilt."""
+    paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
+    sidecar = os.path.join(data_dir, "stdlib.json")
+    if not _stdlib_cache_ok(sidecar, paths):
         docs = stdlib_docstrings(root)
         order = np.random.default_rng(0).permutation(len(docs))
         raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
-        for path, part in ((train_path, raw[:n]), (val_path, raw[n:])):
-            part.tofile(path + ".tmp")
-            os.replace(path + ".tmp", path)
+        for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
+            tmp = f"{path}.tmp.{os.getpid()}"
+            part.tofile(tmp)
+            os.replace(tmp, path)
+        training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
+            k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
               f"into {data_dir}/train.bin, val.bin")
-    return np.fromfile(train_path, dtype=np.uint8), np.fromfile(val_path, dtype=np.uint8)
+    return np.fromfile(paths["train"], dtype=np.uint8), np.fromfile(paths["val"], dtype=np.uint8)
+
+
+def _stdlib_cache_ok(sidecar, paths):
+    try:
+        with open(sidecar) as f:
+            meta = json.load(f)
+        return meta["version"] == STDLIB_VERSION and all(
+            meta["files"][k] == [os.path.getsize(p), _sha256(p)] for k, p in paths.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def load_data(C):
@@ -159,6 +222,10 @@ def load_data(C):
         if missing:
             raise FileNotFoundError(f"--data={C.data} is a folder but {', '.join(missing)} is missing; "
                                     f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
+        for p in paths:
+            if os.path.getsize(p) % 2 or os.path.getsize(p) == 0:
+                raise ValueError(f"{p} holds {os.path.getsize(p)} bytes, not a whole number of uint16 "
+                                 f"token ids (2 bytes each); is it a nanoGPT-style token file?")
         train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
         for name, part in (("train.bin", train), ("val.bin", val)):
             if len(part) <= 5e7 and len(part) and int(part.max()) >= C.vocab_size:
@@ -210,12 +277,27 @@ def eval_loop_losses(model, val, C, rt, n_loops):
 # --- the run ------------------------------------------------------------------
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     cfg = training.configure(DEFAULTS, argv, __doc__)
+    if cfg["compare"]:
+        return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
+    check_config(SimpleNamespace(**cfg), argv)
+    resume = cfg["init_from"] == "resume"
+    training.check_out_dir(cfg["out_dir"], cfg["overwrite"], resume)
+    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
+    if resume:                                 # the folder given, the checkpoint's config
+        ckpt = training.load_checkpoint(ckpt_path)
+        given = cfg
+        cfg, changed = training.resume_config(ckpt["config"], given, training.given_keys(argv), RESUME_SAFE)
+        cfg["stop_step"], cfg["debug"] = given["stop_step"], given["debug"]     # this call only
+        if changed:
+            print(f"resuming with changed flags (checkpoint's -> now): {changed}")
     C = SimpleNamespace(**cfg)
-    if C.compare:
-        return plot_runs(C.compare.split(","), C.out_dir)
-    if C.init_from not in ("scratch", "resume"):
-        raise ValueError(f"--init_from={C.init_from!r}; choose scratch or resume")
+    byte_data = C.data == "stdlib" or not os.path.isdir(C.data)
+    model_args = dict(vocab_size=256 if byte_data else C.vocab_size, block_size=C.block_size,
+                      n_layer=C.n_layer, n_loops=C.n_loops, n_head=C.n_head, n_embd=C.n_embd,
+                      ffn_mult=C.ffn_mult, variant=C.variant, loss_type=C.loss_type)
+    LoopedConfig(**model_args)                       # refuses bad model flags before the data is read
 
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
     if rt.ddp and not rt.master:
@@ -227,19 +309,10 @@ def main(argv=None):
         raise ValueError(f"the data is too short for block_size={C.block_size}: "
                          f"{len(train)} train and {len(val)} val tokens")
 
-    model_args = dict(vocab_size=vocab, block_size=C.block_size, n_layer=C.n_layer, n_loops=C.n_loops,
-                      n_head=C.n_head, n_embd=C.n_embd, ffn_mult=C.ffn_mult, variant=C.variant,
-                      loss_type=C.loss_type)
     model = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
     optimizer = model.configure_optimizers(C.weight_decay, C.lr, (C.beta1, C.beta2), rt.device_type)
-    ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     step, wall_before = 0, 0.0
-    if C.init_from == "resume":
-        ckpt = training.load_checkpoint(ckpt_path, map_location=rt.device)
-        differ = {k: (ckpt["model_args"].get(k), v) for k, v in model_args.items() if ckpt["model_args"].get(k) != v}
-        if differ:
-            raise ValueError(f"--init_from=resume with other model settings than the checkpoint "
-                             f"(checkpoint, now): {differ}")
+    if resume:
         training.load_state(model, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, wall_before = ckpt["step"], ckpt["wall_time"]
@@ -251,7 +324,10 @@ def main(argv=None):
         model = torch.compile(model)
     if rt.ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-    log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if C.init_from == "resume" else None)
+    training.claim_out_dir(C.out_dir, C.overwrite and not resume, rt.master)   # checks done: write
+    log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if resume else None)
+    if resume:
+        log.log(step=step, event="resume", changed=changed)
     say = tqdm.write if rt.master else (lambda *a, **k: None)
     say(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; data: {len(train):,} train / "
         f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {C.variant} x{C.n_loops} loops, "
@@ -290,10 +366,8 @@ def main(argv=None):
         g_total = training.grad_norm(params).item()        # before clipping
         if not (math.isfinite(loss_now) and math.isfinite(g_total)):
             nan_stop = it + 1
-            last_good = training.load_checkpoint(ckpt_path)["step"] if os.path.exists(ckpt_path) else None
             say(f"stopping: the loss is {loss_now} and the gradient norm {g_total} at step {it + 1}: the run "
-                f"diverged. Nothing from this step was saved; the last good checkpoint is "
-                + (f"{ckpt_path} (step {last_good})." if last_good is not None else "none (none was written yet)."))
+                f"diverged. Nothing from this step was saved; {training.last_good_checkpoint(ckpt_path)}.")
             break
         block_norms = [training.grad_norm(b.parameters()).item() for b in raw.blocks]
         if C.grad_clip > 0:
@@ -315,6 +389,7 @@ def main(argv=None):
 
     if nan_stop is None and last_step < C.max_steps:
         say(f"stopped at step {last_step} (--stop_step); continue with --init_from=resume")
+        training.release_out_dir(C.out_dir)
         return None
     summary = summarize(raw, val, C, rt, is_bytes, unigram_entropy(train, vocab), nan_stop,
                         wall_before + time.time() - t_start)
@@ -330,6 +405,7 @@ def main(argv=None):
         plot_runs([C.out_dir], C.out_dir, quiet=True)
     if rt.ddp:
         dist.destroy_process_group()
+    training.release_out_dir(C.out_dir)
     return summary
 
 
@@ -495,5 +571,5 @@ def plot_runs(dirs, out_dir, quiet=False):
 
 
 if __name__ == "__main__":
-    result = main()
+    result = training.run_cli(main)
     sys.exit(2 if isinstance(result, dict) and result.get("diverged_reason") == "nan" else 0)
