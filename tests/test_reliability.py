@@ -1,0 +1,275 @@
+"""Nothing lost, nothing silently wrong: every user error is one line with no
+traceback, a run folder is never silently reused, resume continues the folder
+it is given, a NaN stops the run without a NaN checkpoint, cached data is verified.
+
+Most cases run a script's command line in-process through training.run_cli, the
+same wrapper its `__main__` calls; two subprocess checks confirm the wrapper is
+what a user really gets."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train_flt
+import train_spt
+from training import load_checkpoint, read_log, run_cli, save_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPT = ["--task=synthetic", "--n_train=128", "--n_eval=64", "--batch_size=32", "--n_embd=16", "--n_head=2",
+       "--epochs=1", "--pretrain_epochs=1", "--patience=0", "--log_every=1"]
+FLT = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
+       "--warmup_steps=1", "--eval_batches=1", "--eval_interval=2", "--osc_steps=3", "--max_steps=4"]
+
+
+def cli(script, *argv):
+    """A script's command line, in-process: (exit status, the error line or '')."""
+    try:
+        run_cli(script.main, [str(a) for a in argv])
+        return 0, ""
+    except SystemExit as e:
+        return (1, e.code) if isinstance(e.code, str) else (e.code or 0, "")
+
+
+def fingerprint(folder):
+    """Name -> sha256 of every file in a folder: to show that nothing was changed."""
+    return {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
+            for n in sorted(os.listdir(folder))}
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.txt"
+    path.write_text(" ".join(rng.choice(["loop", "the", "norm", "key", "value"], size=800)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished_spt(tmp_path_factory):
+    """One finished tiny train_spt run, to try reruns and resumes against."""
+    out = tmp_path_factory.mktemp("spt") / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--ckpt_every=2") == (0, "")
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Every flag range-checked before any work, one line naming it
+
+@pytest.mark.parametrize("flag, words", [
+    ("--batch_size=-4", "--batch_size=-4 is out of range"),
+    ("--grad_accum=0", "--grad_accum=0 is out of range"),
+    ("--log_every=0", "--log_every=0 is out of range"),
+    ("--epochs=0", "--epochs=0 is out of range"),
+    ("--pretrain_epochs=-1", "--pretrain_epochs=-1 is out of range"),
+    ("--lr=nan", "--lr=nan is not a finite number"),
+    ("--lr=1e309", "--lr=1e309 is not a finite number"),
+    ("--save_epochs=abc", "--save_epochs=abc must be a comma list"),
+    ("--max_len=100", "--max_len=100 does not apply to --task=synthetic"),
+    ("--difficulty=baseline", "--difficulty=baseline does not apply"),
+    ("--device=cuda:7" if not torch.cuda.is_available() else "--device=tpu", "--device="),
+    ("--n_train=10", "fewer than one global batch"),
+    ("--n_head=3", "not divisible by n_head=3"),
+])
+def test_spt_bad_flag_is_one_line_before_any_work(tmp_path, flag, words):
+    status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o", flag)
+    assert status == 1 and words in message and "\n" not in message
+    assert not os.path.exists(tmp_path / "o")                    # nothing written
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--n_head=3", "n_head"), ("--variant=XL", "--variant=XL is not one of"),
+    ("--batch_size=0", "--batch_size=0 is out of range"), ("--max_steps=-1", "--max_steps=-1 is out of range"),
+    ("--block_size=100000", "too short for block_size=100000"), ("--vocab_size=50", "--vocab_size applies only"),
+    ("--eval_interval=0", "--eval_interval=0 is out of range"), ("--init_from=resume", "ckpt.pt does not exist"),
+])
+def test_flt_bad_flag_is_one_line_before_any_work(tmp_path, text_file, flag, words):
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={tmp_path}/o", flag)
+    assert status == 1 and words in message and "\n" not in message
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_scripts_print_one_line_and_no_traceback(tmp_path):
+    for script, flags in (("train_spt.py", ["--task=synthetic", "--batch_size=0"]),
+                          ("train_flt.py", ["--n_head=3", f"--out_dir={tmp_path}/o"])):
+        proc = subprocess.run([sys.executable, script, *flags], cwd=ROOT, capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+    debug = subprocess.run([sys.executable, "train_spt.py", "--task=synthetic", "--batch_size=0", "--debug=True"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert "Traceback" in debug.stderr                            # --debug=True shows it
+
+
+# -----------------------------------------------------------------------------
+# Run folders: refused when in use, replaced only when asked, distinct by default
+
+def test_a_finished_run_is_not_overwritten_without_the_flag(finished_spt):
+    before = fingerprint(finished_spt)
+    status, message = cli(train_spt, *SPT, f"--out_dir={finished_spt}", "--lr=3e-3")
+    assert status == 1 and "already holds a run" in message and "--overwrite=True" in message
+    assert fingerprint(finished_spt) == before
+
+
+def test_overwrite_removes_the_old_results_first(tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--save_epochs=1")[0] == 0
+    assert (out / "spt_epoch1.pt").exists()
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--pretrain_epochs=0", "--overwrite=True")[0] == 0
+    assert not (out / "spt_epoch1.pt").exists() and not (out / "spt_best.pt").exists()   # no mix
+    assert json.load(open(out / "summary.json"))["pretrain_epochs"] == 0
+
+
+def test_a_live_writer_keeps_a_second_one_out(tmp_path, text_file):
+    out = tmp_path / "run"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / "run.lock").write_text(str(sleeper.pid))
+        status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")
+        assert status == 1 and f"in use by another run (pid {sleeper.pid}" in message
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")[0] == 0   # stale lock: taken
+    assert not (out / "run.lock").exists()                       # released at the end
+
+
+def test_default_out_dir_names_the_flags_that_differ():
+    names = {train_spt.default_out_dir(train_spt.get_config(["--task=synthetic", *extra]))
+             for extra in ([], ["--pos_enc=rope"], ["--pos_enc=learned"], ["--freeze=attn", "--seed=1"])}
+    assert len(names) == 4 and "out/synthetic_d1_10ep_pos_enc-rope" in names
+
+
+def test_out_dir_that_is_a_file_is_refused(tmp_path, text_file):
+    (tmp_path / "afile").write_text("x")
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={tmp_path}/afile")
+    assert status == 1 and "is a file, not a folder" in message
+
+
+# -----------------------------------------------------------------------------
+# Resume continues the folder it is given; changed flags applied or refused
+
+def test_a_moved_run_resumes_where_it_is_and_records_the_new_lr(tmp_path):
+    first = tmp_path / "first"
+    assert cli(train_spt, *SPT, f"--out_dir={first}", "--ckpt_every=2", "--halt_after_steps=6")[0] == 1
+    moved = tmp_path / "moved"
+    os.rename(first, moved)
+    status, message = cli(train_spt, "--task=synthetic", f"--out_dir={moved}", "--init_from=resume", "--lr=5e-4")
+    assert (status, message) == (0, "")
+    assert not first.exists()                                    # nothing written to the old path
+    config = json.load(open(moved / "config.json"))
+    assert config["out_dir"] == str(moved) and config["lr"] == 5e-4
+    events = [r for r in read_log(moved) if r.get("event") == "resume"]
+    assert events[0]["changed"]["lr"] == [1e-3, 5e-4]
+    assert os.path.exists(moved / "summary.json")
+
+
+def test_resume_refuses_a_flag_that_would_change_the_run(finished_spt, text_file, tmp_path):
+    before = fingerprint(finished_spt)
+    status, message = cli(train_spt, "--task=synthetic", f"--out_dir={finished_spt}", "--init_from=resume",
+                          "--n_embd=32")
+    assert status == 1 and "cannot change --n_embd=32 (the checkpoint has 16)" in message
+    assert fingerprint(finished_spt) == before
+    out = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
+    status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume", "--seed=7")
+    assert status == 1 and "cannot change --seed=7" in message
+
+
+def test_a_cut_last_log_line_is_dropped_on_resume(tmp_path, text_file, capsys):
+    out = tmp_path / "run"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
+    with open(out / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')                              # killed mid-write
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume")[0] == 0
+    assert "dropped its last line" in capsys.readouterr().err
+    assert [r["step"] for r in read_log(out) if "loss" in r] == [1, 2, 3, 4]
+    with open(out / "log.jsonl", "r+") as f:                    # damage in the middle is an error
+        lines = f.readlines()
+        f.seek(0)
+        f.writelines(lines[:1] + ["garbage\n"] + lines[1:])
+    with pytest.raises(ValueError, match="log.jsonl, line 2"):
+        read_log(out)
+
+
+# -----------------------------------------------------------------------------
+# NaN: stop at the step, no NaN checkpoint, name the last good one
+
+def test_nan_stops_at_the_step_and_never_writes_nan_weights(tmp_path):
+    out = tmp_path / "run"
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--lr=1e6", "--pretrain_lr=1e6",
+                          "--grad_clip=0", "--ckpt_every=2", "--log_every=10")
+    assert status == 1 and "became NaN or inf at step" in message
+    for name in os.listdir(out):
+        if name.endswith(".pt"):
+            assert all(torch.isfinite(v).all() for v in load_checkpoint(out / name)["model"].values()
+                       if v.is_floating_point())
+    if (out / "ckpt.pt").exists():
+        assert f"the last good checkpoint is {out / 'ckpt.pt'}" in message
+    else:
+        assert "no usable checkpoint" in message
+
+
+def test_nan_weights_are_never_saved(tmp_path):
+    with pytest.raises(FloatingPointError, match="NaN or inf"):
+        save_checkpoint(tmp_path / "c.pt", dict(model={"w": torch.tensor([1.0, float("nan")])}))
+    assert os.listdir(tmp_path) == []
+
+
+# -----------------------------------------------------------------------------
+# Bad files: one line naming the file and what is wrong
+
+class NotATensor:
+    pass
+
+
+def test_bad_checkpoints_are_named_and_refused(tmp_path):
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, dict(model={"w": torch.ones(3)}, step=1))
+    cases = {"truncated": open(good, "rb").read()[:200], "empty": b"", "not a checkpoint": b"hello world\n"}
+    for words, data in cases.items():
+        (tmp_path / "bad.pt").write_bytes(data)
+        with pytest.raises(ValueError, match=f"bad.pt is .*{words}"):
+            load_checkpoint(tmp_path / "bad.pt")
+    torch.save({"model": {}, "payload": NotATensor()}, tmp_path / "payload.pt")
+    with pytest.raises(ValueError, match="payload.pt refused: it contains objects that are not tensors") as e:
+        load_checkpoint(tmp_path / "payload.pt")
+    assert "weights_only=False" not in str(e.value)             # never advise the unsafe load
+    torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a checkpoint of this project"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+def test_a_truncated_checkpoint_on_resume_is_one_line(tmp_path, text_file):
+    out = tmp_path / "run"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
+    data = open(out / "ckpt.pt", "rb").read()
+    (out / "ckpt.pt").write_bytes(data[: len(data) // 2])
+    status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume")
+    assert status == 1 and "ckpt.pt is truncated" in message
+
+
+def test_token_files_of_odd_size_are_refused(tmp_path):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    np.arange(100, dtype=np.uint16).tofile(folder / "train.bin")
+    (folder / "val.bin").write_bytes(b"\x01\x00\x02")
+    status, message = cli(train_flt, *FLT, f"--data={folder}", f"--out_dir={tmp_path}/o", "--vocab_size=200")
+    assert status == 1 and "val.bin holds 3 bytes, not a whole number of uint16" in message
+
+
+def test_stdlib_cache_is_verified_and_rebuilt(tmp_path):
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "m.py").write_text('"""' + "A docstring that is long enough. " * 20 + '"""\n')
+    cache = tmp_path / "cache"
+    train, val = train_flt.prepare_stdlib(str(cache), root=str(root))
+    (cache / "train.bin").write_bytes(bytes(train[:50]))        # truncated by hand
+    train2, val2 = train_flt.prepare_stdlib(str(cache), root=str(root))
+    assert np.array_equal(train2, train) and np.array_equal(val2, val)
