@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 POOLINGS = ("mean", "max", "last", "cls")
+INITS = ("torch", "gpt2")
 
 
 @dataclass
@@ -51,8 +52,12 @@ class TransformerConfig:
     pos_enc: str = "sinusoidal"
     pool: str = "mean"
     pair: bool = False         # two-document input (LRA Retrieval): head sees [u, v, u*v, u-v]
+    init: str = "gpt2"         # torch: PyTorch's default layer init (Amos et al.'s code);
+                               # gpt2: N(0, 0.02), output projections scaled by depth
 
     def __post_init__(self):
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r} is unknown; choose one of {INITS}")
         if self.pos_enc not in POS_ENCODINGS:
             raise ValueError(f"pos_enc={self.pos_enc!r} is unknown; choose one of {POS_ENCODINGS}")
         if self.pool not in POOLINGS:
@@ -208,12 +213,18 @@ class Transformer(nn.Module):
         else:
             self.head = nn.Linear(c.n_embd, c.n_classes)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size)   # masked-token reconstruction
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():   # nanoGPT: scale residual projections by depth
-            if name.endswith(("attn.W_O.weight", "mlp.proj.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))
+        if c.init == "gpt2":          # "torch" keeps the layers' own defaults, untouched
+            self.apply(self._init_gpt2)
+            for name, p in self.named_parameters():   # nanoGPT: scale residual projections by depth
+                if name.endswith(("attn.W_O.weight", "mlp.proj.weight")):
+                    nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))
 
-    def _init_weights(self, module):
+    # PyTorch's defaults (init="torch"): nn.Linear weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+    # nn.Embedding N(0, 1). Attention scores q.k/sqrt(d_head) then have std ~0.3: attention
+    # starts random, not uniform. With init="gpt2" (std 0.02) the scores have std ~0.03 and
+    # attention starts uniform, the premise of the paper's zero-gradient argument.
+
+    def _init_gpt2(self, module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
             nn.init.zeros_(module.bias)
