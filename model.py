@@ -52,7 +52,7 @@ class TransformerConfig:
     pos_enc: str = "sinusoidal"
     pool: str = "mean"
     pair: bool = False         # two-document input (LRA Retrieval): head sees [u, v, u*v, u-v]
-    init: str = "gpt2"         # torch: PyTorch's default layer init (Amos et al.'s code);
+    init: str = "torch"        # torch: PyTorch's default layer init (Amos et al.'s code);
                                # gpt2: N(0, 0.02), output projections scaled by depth
 
     def __post_init__(self):

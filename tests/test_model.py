@@ -1,6 +1,8 @@
 """model.py: the two attention paths agree, padding is invisible, every option
 trains, parameter groups are what they say, bad input is refused clearly."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,3 +175,20 @@ def test_causal_reconstruction_never_sees_the_future(pos_enc):
     assert not torch.allclose(a[0, 12:], b[0, 12:], atol=1e-4)
     _, maps = model(idx, return_attn=True, causal=True)
     assert maps[0][0, :, 3, 4:].abs().max() == 0
+
+
+def test_torch_init_is_pytorchs_default_layer_init_and_gpt2_is_small():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=300, n_embd=256, n_head=4, init="torch"))
+    W = model.blocks[0].attn.W_Q.weight
+    bound = 1 / math.sqrt(256)                        # kaiming_uniform(a=sqrt(5)): U(-1/sqrt(fan_in), ..)
+    assert W.abs().max() <= bound and W.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert model.blocks[0].attn.W_Q.bias.abs().max() <= bound and model.blocks[0].attn.W_Q.bias.std() > 0
+    assert model.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.02)   # nn.Embedding: N(0, 1)
+    reference = torch.nn.Linear(256, 256)             # the same law as a fresh PyTorch layer
+    assert W.std().item() == pytest.approx(reference.weight.std().item(), rel=0.03)
+    gpt2 = Transformer(TransformerConfig(vocab_size=300, n_embd=256, n_head=4, init="gpt2"))
+    assert gpt2.blocks[0].attn.W_Q.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    assert gpt2.blocks[0].attn.W_Q.bias.abs().max() == 0
+    with pytest.raises(ValueError, match="init='xavier' is unknown"):
+        TransformerConfig(init="xavier")
