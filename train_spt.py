@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+import analysis
 import synthetic
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
 from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, given_keys,
@@ -73,6 +74,7 @@ DEFAULTS = dict(
     seed=0,
     # model
     pos_enc="sinusoidal", pool="mean", dropout=0.0,
+    init="torch",            # torch: PyTorch's layer defaults (Amos et al.'s code); gpt2: N(0, 0.02)
     # self-pretraining
     spt_objective="masked",  # masked | causal (next-token)
     save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
@@ -152,7 +154,8 @@ def check_config(cfg):
                               "snapshot_attn_every", "halt_after_steps", "num_workers"),
                  fractions=("dropout", "warmup_frac"))
     TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],   # model flags,
-                      ffn_mult=cfg["ffn_mult"], pos_enc=cfg["pos_enc"], pool=cfg["pool"])   # before the data
+                      ffn_mult=cfg["ffn_mult"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],   # before
+                      init=cfg["init"])                                                     # the data
     if not 0 < cfg["mask_ratio"] < 1:
         raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
     parse_int_list("save_epochs", cfg["save_epochs"])
@@ -328,7 +331,7 @@ def build_model(cfg, datasets):
         vocab_size=max(d.vocab_size for d in datasets), n_classes=ds.n_classes,
         max_len=max(d.max_len for d in datasets), n_layer=cfg["depth"], n_head=cfg["n_head"],
         n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"], dropout=cfg["dropout"],
-        pos_enc=cfg["pos_enc"], pool=cfg["pool"], pair=pair)
+        pos_enc=cfg["pos_enc"], pool=cfg["pool"], pair=pair, init=cfg["init"])
     torch.manual_seed(cfg["seed"])
     return Transformer(conf)
 
@@ -359,9 +362,9 @@ def freeze(model, which):
 
 
 # -----------------------------------------------------------------------------
-# Attention analysis (claim 6): proximity mass, position-only scores, Toeplitz score
+# Attention analysis (claim 6): the statistics live in analysis.py
 
-PROX_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
+IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
 
 
 @torch.no_grad()
@@ -378,66 +381,13 @@ def attention_maps(model, ds, rt, n=8):
     return [m.float().cpu() for m in maps], None if pad_mask is None else pad_mask.cpu()
 
 
-def proximity_mass(maps, pad_mask, widths=PROX_WIDTHS):
-    """Mean attention mass within |i-j| <= w (over examples, heads, real queries), per
-    layer, and what uniform attention over the real keys would give."""
-    B, H, T, _ = maps[0].shape
-    real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
-    dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
-    keys = real[:, None, :].float()                                  # (B, 1, T) real keys
-    out = {"widths": list(widths), "layers": [], "uniform": []}
-    for w in widths:
-        band = (dist <= w).float()
-        out["uniform"].append(((band * keys).sum(-1) / keys.sum(-1))[real].mean().item())
-    for m in maps:
-        per_w = [((m * (dist <= w)).sum(-1).mean(1))[real].mean().item() for w in widths]
-        out["layers"].append(per_w)
-    return out
-
-
-def position_scores(model, layer=0):
-    """The position-only score matrix (PE W_Q)(PE W_K)^T / sqrt(d_head), per head
-    (H, T, T), for additive encodings (sinusoidal or learned); None otherwise."""
-    c = model.config
-    if c.pos_enc == "sinusoidal":
-        pe = model.pe
-    elif c.pos_enc == "learned":
-        pe = model.pos_emb.weight
-    else:
-        return None
-    pe = pe[1:] if c.pool == "cls" else pe
-    pe = pe[: min(len(pe), 256)].detach().float().cpu()              # the first 256 positions
-    attn = model.blocks[layer].attn
-    q = (pe @ attn.W_Q.weight.detach().float().cpu().T).view(len(pe), c.n_head, -1).transpose(0, 1)
-    k = (pe @ attn.W_K.weight.detach().float().cpu().T).view(len(pe), c.n_head, -1).transpose(0, 1)
-    return q @ k.transpose(-2, -1) / math.sqrt(c.n_embd // c.n_head)
-
-
-def toeplitz_stats(M):
-    """How much of M (T, T) is a function of i - j alone: 1 - |M - Toe(M)|^2 / |M - mean|^2,
-    where Toe(M) replaces each entry by the mean of its diagonal; and the near-far
-    contrast of that diagonal profile (|i-j| <= 2 vs >= T/4) in units of std(M)."""
-    T = M.size(-1)
-    offset = (torch.arange(T)[:, None] - torch.arange(T)[None, :]) + T - 1
-    sums = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), M.flatten())
-    counts = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), torch.ones(T * T))
-    profile = sums / counts
-    toe = profile[offset]
-    score = 1 - ((M - toe) ** 2).sum() / ((M - M.mean()) ** 2).sum().clamp(min=1e-12)
-    dist = (offset - T + 1).abs()
-    near_far = (toe[dist <= 2].mean() - toe[dist >= T // 4].mean()) / M.std().clamp(min=1e-12)
-    return score.item(), near_far.item()
-
-
-def proximity_report(model, ds, rt):
+def proximity_report(model, ds, rt, cfg):
+    """analysis.report on the first validation examples: 1-D (and for images 2-D)
+    proximity mass, score spread, Toeplitz score; plus the maps and position scores."""
     maps, pad_mask = attention_maps(model, ds, rt)
-    report = {"mass": proximity_mass(maps, pad_mask)}
-    scores = position_scores(model)
-    if scores is not None:
-        stats = [toeplitz_stats(s) for s in scores]
-        report["toeplitz"] = sum(s for s, _ in stats) / len(stats)
-        report["near_far"] = sum(n for _, n in stats) / len(stats)
-    return report, maps, scores
+    side = math.isqrt(maps[0].size(-1)) if cfg["task"] in IMAGE_TASKS else None
+    stats, scores = analysis.report(unwrap(model), maps, pad_mask, side)
+    return stats, maps, scores
 
 
 # -----------------------------------------------------------------------------
@@ -633,7 +583,7 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
     if not rt.master:
         return
     maps, pad_mask = attention_maps(model, ds, rt, n=4)
-    mass = proximity_mass(maps, pad_mask)
+    mass = analysis.proximity_mass(maps, pad_mask)
     m = maps[0][0].mean(0)                                           # (T, T) example 0
     factor = max(1, math.ceil(m.size(0) / 128))
     m = F.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
@@ -643,15 +593,8 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
                                 map=np.round(m.numpy(), 4).tolist())) + "\n")
 
 
-def plt_figure(*args, **kwargs):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt, plt.subplots(*args, **kwargs)
-
-
 def plot_curves(out_dir):
-    plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5))
+    plt, (fig, axes) = analysis.plt_figure(1, 3, figsize=(13, 3.5))
     records = read_log(out_dir)
     for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
         steps = [r for r in records if r.get("phase") == phase and "loss" in r]
@@ -670,53 +613,14 @@ def plot_curves(out_dir):
     plt.close(fig)
 
 
-def plot_attention(maps, out_dir, stage, n_examples=2):
-    """Rows: examples x layers; columns: heads. One PNG per stage (init, spt, finetune)."""
-    L, H = len(maps), maps[0].size(1)
-    n_examples = min(n_examples, maps[0].size(0))
-    plt, (fig, axes) = plt_figure(n_examples * L, H, figsize=(2.1 * H, 2.1 * n_examples * L), squeeze=False)
-    for e in range(n_examples):
-        for layer in range(L):
-            for h in range(H):
-                ax = axes[e * L + layer, h]
-                ax.imshow(maps[layer][e, h].numpy(), cmap="viridis")
-                ax.set_xticks([]), ax.set_yticks([])
-                ax.set_title(f"ex {e} layer {layer} head {h}", fontsize=7)
-    fig.suptitle(f"attention maps: {stage}")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, f"attention_{stage}.png"), dpi=80)
-    plt.close(fig)
-
-
-def plot_proximity(reports, scores, out_dir):
-    """Left: attention mass within |i-j| <= w vs w (layer 0) for each stage and uniform.
-    Right: the position-only score matrix (head 0) at each stage."""
-    stages = list(reports)
-    n_right = sum(s is not None for s in scores.values())
-    plt, (fig, axes) = plt_figure(1, 1 + n_right, figsize=(4 + 3 * n_right, 3.5), squeeze=False)
-    ax = axes[0, 0]
-    for stage in stages:
-        mass = reports[stage]["mass"]
-        ax.plot(mass["widths"], mass["layers"][0], "o-", label=stage)
-    ax.plot(mass["widths"], mass["uniform"], "k--", label="uniform")
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("w"), ax.set_ylabel("attention mass within |i-j|<=w (layer 0)"), ax.legend()
-    col = 1
-    for stage in stages:
-        if scores.get(stage) is not None:
-            a = axes[0, col]
-            a.imshow(scores[stage][0][:128, :128].numpy(), cmap="RdBu_r")
-            a.set_title(f"(PE W_Q)(PE W_K)^T, {stage}\nToeplitz {reports[stage]['toeplitz']:.2f}", fontsize=8)
-            a.set_xticks([]), a.set_yticks([])
-            col += 1
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "proximity.png"), dpi=90)
-    plt.close(fig)
+def plot_attention(maps, cfg, stage):
+    analysis.plot_attention(maps, os.path.join(cfg["out_dir"], f"attention_{stage}.png"),
+                            f"attention maps: {stage}")
 
 
 def plot_evolution(run_dirs, path, n_cols=6):
-    """The paper's figure: head-averaged layer-0 attention of one example as training
-    goes, one row per (run, phase), from each run's snapshots.jsonl."""
+    """The paper's figure from each run's snapshots.jsonl: one row per (run, phase),
+    n_cols snapshots spread over training (analysis.plot_evolution draws it)."""
     rows = []
     for d in run_dirs:
         snap_path = os.path.join(d, "snapshots.jsonl")
@@ -727,29 +631,16 @@ def plot_evolution(run_dirs, path, n_cols=6):
         for phase in ("spt", "finetune"):
             s = [x for x in snaps if x["phase"] == phase]
             if s:
-                picks = [s[round(i)] for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
+                picks = [dict(s[round(i)], mass=s[round(i)]["mass"][analysis.PROX_WIDTHS.index(2)])
+                         for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
                 rows.append((f"{os.path.basename(os.path.normpath(d))} {phase}", picks))
-    if not rows:
-        return None
-    plt, (fig, axes) = plt_figure(len(rows), n_cols, figsize=(2 * n_cols, 2.1 * len(rows)), squeeze=False)
-    for r, (name, picks) in enumerate(rows):
-        for c in range(n_cols):
-            ax = axes[r, c]
-            ax.set_xticks([]), ax.set_yticks([])
-            if c < len(picks):
-                ax.imshow(np.array(picks[c]["map"]), cmap="viridis")
-                ax.set_title(f"step {picks[c]['step']}, mass(w=2) {picks[c]['mass'][3]:.2f}", fontsize=7)
-        axes[r, 0].set_ylabel(name, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return analysis.plot_evolution(rows, path, n_cols) if rows else None
 
 
 def plot_val_accuracy(runs, path):
     """Finetuning val accuracy per epoch, one line per (run_dir, summary): solid when
     the run starts from SPT weights (its own or a checkpoint's), dashed when from scratch."""
-    plt, (fig, ax) = plt_figure(figsize=(8, 3.8))
+    plt, (fig, ax) = analysis.plt_figure(figsize=(8, 3.8))
     for d, s in runs:
         spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
         vals = [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
@@ -767,7 +658,7 @@ def plot_val_accuracy(runs, path):
 # -----------------------------------------------------------------------------
 # Gathering results: --report=DIR,... -> one markdown table and two figures
 
-REPORT_COLUMNS = ("task", "depth", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
+REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
                   "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
 
 
@@ -846,8 +737,8 @@ def main(argv=None):
               f"{pre_task}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
     reports, scores = {}, {}
     if rt.master:
-        reports["init"], maps, scores["init"] = proximity_report(model, val_ds, rt)
-        plot_attention(maps, cfg["out_dir"], "init")
+        reports["init"], maps, scores["init"] = proximity_report(model, val_ds, rt, cfg)
+        plot_attention(maps, cfg, "init")
 
     # Phase 1: self-pretraining (skipped when finetuning from a given checkpoint)
     spt_ckpt, spt_state = None, None
@@ -868,8 +759,8 @@ def main(argv=None):
     model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
     if rt.master and spt_ckpt:
-        reports["spt"], maps, scores["spt"] = proximity_report(model, val_ds, rt)
-        plot_attention(maps, cfg["out_dir"], "spt")
+        reports["spt"], maps, scores["spt"] = proximity_report(model, val_ds, rt, cfg)
+        plot_attention(maps, cfg, "spt")
         print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
     frozen = freeze(model, cfg["freeze"])
     if resume is not None:
@@ -885,7 +776,7 @@ def main(argv=None):
         task=cfg["task"], depth=cfg["depth"],
         pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0,   # SPT run here (else see init_from)
         pretrain_task=pre_task, init_from=cfg["init_from"], init_params=cfg["init_params"],
-        freeze=cfg["freeze"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],
+        freeze=cfg["freeze"], pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"],
         best_val_acc=ft_state["best"], best_epoch=ft_state["best_epoch"], test_acc=test["acc"],
         spt_best_val_loss=None if spt_state is None else -spt_state["best"],
         frozen=len(frozen), copied=len(copied), n_params=model.num_params(),
@@ -896,17 +787,22 @@ def main(argv=None):
         dist.all_gather(gathered, flat)
         summary["replica_max_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
     if rt.master:
-        reports["finetune"], maps, scores["finetune"] = proximity_report(model, val_ds, rt)
-        plot_attention(maps, cfg["out_dir"], "finetune")
+        reports["finetune"], maps, scores["finetune"] = proximity_report(model, val_ds, rt, cfg)
+        plot_attention(maps, cfg, "finetune")
         for stage, r in reports.items():
-            summary[f"mass_w2_{stage}"] = r["mass"]["layers"][0][PROX_WIDTHS.index(2)]
+            summary[f"mass_w2_{stage}"] = r["mass"]["layers"][0][analysis.PROX_WIDTHS.index(2)]
             summary[f"toeplitz_{stage}"] = r.get("toeplitz")
             summary[f"near_far_{stage}"] = r.get("near_far")
-        summary["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][PROX_WIDTHS.index(2)]
+            summary[f"score_std_{stage}"], summary[f"entropy_{stage}"] = r["score_std"][0], r["entropy"][0]
+            if "mass_2d" in r:                                        # images: the 3x3 neighbourhood
+                summary[f"mass2d_r1_{stage}"] = r["mass_2d"]["layers"][0][analysis.PROX_RADII.index(1)]
+        if "mass_2d" in reports["init"]:
+            summary["mass2d_r1_uniform"] = reports["init"]["mass_2d"]["uniform"][analysis.PROX_RADII.index(1)]
+        summary["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][analysis.PROX_WIDTHS.index(2)]
         summary["proximity"] = reports
         log.summary(summary)
         plot_curves(cfg["out_dir"])
-        plot_proximity(reports, scores, cfg["out_dir"])
+        analysis.plot_proximity(reports, scores, os.path.join(cfg["out_dir"], "proximity.png"))
         plot_evolution([cfg["out_dir"]], os.path.join(cfg["out_dir"], "attention_evolution.png"))
         print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), "
               f"test acc {test['acc']:.4f}; attention mass within |i-j|<=2: "

@@ -1,0 +1,228 @@
+"""
+Attention statistics of "Towards Understanding Self-Pretraining for Sequence
+Classification" (claim 6: after SPT the attention is local, a learned proximity
+bias), measured rather than only drawn. Plain tensors in, numbers out, so they
+work on any attention maps, ours or someone else's:
+
+  proximity_mass      mass within |i - j| <= w on the sequence (1-D), per layer,
+                      with what uniform attention over the real keys would give
+  proximity_mass_2d   mass within radius r on an image grid (Chebyshev distance:
+                      r = 1 is the 3x3 neighbourhood), with its uniform baseline.
+                      On a row-major 32x32 image the 1-D statistic sees only
+                      horizontal neighbours, counts the row-wrap pair (r, 31)-(r+1, 0)
+                      as neighbours and misses the vertical ones at |i - j| = 32
+  score_spread        how far attention is from uniform: the std of the scores
+                      within a row (from log A) and the mean row entropy of A
+  position_scores     the position-only score matrix of a model.Transformer layer:
+                      the real query and key (ln_1, W_Q, W_K and their biases) of the
+                      position vectors alone, for additive encodings
+  toeplitz_stats      how much of a score matrix is a function of i - j alone, and
+                      the near-minus-far contrast of that profile
+  plot_attention, plot_proximity, plot_evolution   the figures
+
+Imports torch and (for figures) matplotlib, and from this project only model.py.
+"""
+
+import math
+
+import torch
+
+from model import Transformer
+
+PROX_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
+PROX_RADII = (0, 1, 2, 4)
+
+
+# -----------------------------------------------------------------------------
+# Proximity: how much attention falls near the query
+
+def proximity_mass(maps, pad_mask=None, widths=PROX_WIDTHS):
+    """maps: list (one per layer) of (B, H, T, T) attention rows summing to 1;
+    pad_mask: (B, T) True at padding, or None. Returns {"widths", "layers": per layer
+    the mean mass within |i-j| <= w (over examples, heads, real queries), "uniform":
+    the same for uniform attention over the real keys}."""
+    B, H, T, _ = maps[0].shape
+    real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
+    dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
+    return _mass(maps, real, [dist <= w for w in widths], "widths", widths)
+
+
+def grid_distance(side):
+    """(T, T) Chebyshev distance max(|r_i - r_j|, |c_i - c_j|) between the pixels of a
+    side x side image flattened row-major (T = side ** 2)."""
+    r, c = torch.arange(side * side) // side, torch.arange(side * side) % side
+    return torch.maximum((r[:, None] - r[None, :]).abs(), (c[:, None] - c[None, :]).abs())
+
+
+def proximity_mass_2d(maps, side=None, radii=PROX_RADII):
+    """The 2-D version for images: mass within Chebyshev radius r on the grid (r = 1:
+    the 3x3 neighbourhood, itself included). side defaults to sqrt(T). Same output
+    as proximity_mass, with "radii" for "widths"."""
+    T = maps[0].shape[-1]
+    side = side or math.isqrt(T)
+    if side * side != T:
+        raise ValueError(f"attention over {T} positions is not a square image; give side=")
+    dist = grid_distance(side)
+    real = torch.ones(maps[0].shape[0], T, dtype=torch.bool)
+    return _mass(maps, real, [dist <= r for r in radii], "radii", radii)
+
+
+def _mass(maps, real, bands, name, values):
+    keys = real[:, None, :].float()                                  # (B, 1, T) real keys
+    out = {name: list(values), "layers": [], "uniform": []}
+    for band in bands:
+        band = band.float()
+        out["uniform"].append(((band * keys).sum(-1) / keys.sum(-1))[real].mean().item())
+    for m in maps:
+        out["layers"].append([((m * band).sum(-1).mean(1))[real].mean().item() for band in bands])
+    return out
+
+
+def score_spread(maps, pad_mask=None):
+    """How far from uniform attention is, per layer: the std over real keys of the
+    scores within a row (log A differs from the scores by a per-row constant, so this
+    is exact), and the mean row entropy of A next to the uniform log(n_real_keys)."""
+    B, H, T, _ = maps[0].shape
+    real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
+    keys = real[:, None, None, :]
+    out = {"score_std": [], "entropy": [], "entropy_uniform": torch.log(real.sum(-1).float()).mean().item()}
+    for m in maps:
+        logm = m.clamp_min(1e-30).log()
+        n = keys.sum(-1)
+        mean = (logm * keys).sum(-1) / n
+        std = (((logm - mean[..., None]) ** 2 * keys).sum(-1) / n).sqrt()
+        entropy = -(m * logm * keys).sum(-1)
+        rows = real[:, None, :].expand(B, H, T)
+        out["score_std"].append(std[rows].mean().item())
+        out["entropy"].append(entropy[rows].mean().item())
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Position-only scores: what W_Q, W_K make of the positions alone
+
+@torch.no_grad()
+def position_scores(model: Transformer, layer=0, n=256):
+    """(H, n, n) scores q_i . k_j / sqrt(d_head) of the first n position vectors alone,
+    through the layer's real ln_1, W_Q and W_K (biases included), for additive encodings
+    (sinusoidal or learned); None otherwise. For layer > 0 the input of the layer is
+    not the positions alone, so read it as a probe of W_Q, W_K, not the layer's scores."""
+    c = model.config
+    if c.pos_enc == "sinusoidal":
+        pe = model.pe
+    elif c.pos_enc == "learned":
+        pe = model.pos_emb.weight
+    else:
+        return None
+    pe = pe[1:] if c.pool == "cls" else pe
+    block = model.blocks[layer]
+    h = block.ln_1(pe[: min(len(pe), n)].detach().float())
+    q = block.attn.split_heads(block.attn.W_Q(h)[None])[0]          # (H, n, d_head)
+    k = block.attn.split_heads(block.attn.W_K(h)[None])[0]
+    return (q @ k.transpose(-2, -1) / math.sqrt(c.n_embd // c.n_head)).cpu()
+
+
+def toeplitz_stats(M):
+    """How much of M (T, T) is a function of i - j alone: 1 - |M - Toe(M)|^2 / |M - mean|^2,
+    where Toe(M) replaces each entry by the mean of its diagonal; and the near-far
+    contrast of that diagonal profile (|i-j| <= 2 vs >= T/4) in units of std(M)."""
+    T = M.size(-1)
+    offset = (torch.arange(T)[:, None] - torch.arange(T)[None, :]) + T - 1
+    sums = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), M.flatten())
+    counts = torch.zeros(2 * T - 1).scatter_add(0, offset.flatten(), torch.ones(T * T))
+    toe = (sums / counts)[offset]
+    score = 1 - ((M - toe) ** 2).sum() / ((M - M.mean()) ** 2).sum().clamp(min=1e-12)
+    dist = (offset - T + 1).abs()
+    near_far = (toe[dist <= 2].mean() - toe[dist >= T // 4].mean()) / M.std().clamp(min=1e-12)
+    return score.item(), near_far.item()
+
+
+def report(model, maps, pad_mask=None, image_side=None):
+    """Every statistic above for one model and its attention maps, as plain numbers;
+    and the position-only score matrices (or None). image_side: also the 2-D mass."""
+    out = {"mass": proximity_mass(maps, pad_mask), **score_spread(maps, pad_mask)}
+    if image_side:
+        out["mass_2d"] = proximity_mass_2d(maps, image_side)
+    scores = position_scores(model)
+    if scores is not None:
+        stats = [toeplitz_stats(s) for s in scores]
+        out["toeplitz"] = sum(s for s, _ in stats) / len(stats)
+        out["near_far"] = sum(n for _, n in stats) / len(stats)
+    return out, scores
+
+
+# -----------------------------------------------------------------------------
+# Figures
+
+def plt_figure(*args, **kwargs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt, plt.subplots(*args, **kwargs)
+
+
+def plot_attention(maps, path, title, n_examples=2):
+    """Rows: examples x layers; columns: heads."""
+    L, H = len(maps), maps[0].size(1)
+    n_examples = min(n_examples, maps[0].size(0))
+    plt, (fig, axes) = plt_figure(n_examples * L, H, figsize=(2.1 * H, 2.1 * n_examples * L), squeeze=False)
+    for e in range(n_examples):
+        for layer in range(L):
+            for h in range(H):
+                ax = axes[e * L + layer, h]
+                ax.imshow(maps[layer][e, h].numpy(), cmap="viridis")
+                ax.set_xticks([]), ax.set_yticks([])
+                ax.set_title(f"ex {e} layer {layer} head {h}", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_proximity(reports, scores, path):
+    """Left: layer-0 mass within |i-j| <= w (and, for images, within radius r on the
+    grid) for each stage, against uniform. Right: position-only scores (head 0) per stage."""
+    stages = list(reports)
+    two_d = "mass_2d" in reports[stages[0]]
+    n_right = sum(scores.get(s) is not None for s in stages)
+    n_left = 2 if two_d else 1
+    plt, (fig, axes) = plt_figure(1, n_left + n_right, figsize=(4 * n_left + 3 * n_right, 3.5), squeeze=False)
+    for ax, key, xname, label in ((axes[0, 0], "mass", "widths", "|i-j| <= w"),
+                                  (axes[0, 1] if two_d else None, "mass_2d", "radii", "grid radius <= r")):
+        if ax is None:
+            continue
+        for stage in stages:
+            mass = reports[stage][key]
+            ax.plot(mass[xname], mass["layers"][0], "o-", label=stage)
+        ax.plot(mass[xname], mass["uniform"], "k--", label="uniform")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel(xname[0]), ax.set_ylabel(f"attention mass within {label} (layer 0)"), ax.legend()
+    col = n_left
+    for stage in stages:
+        if scores.get(stage) is not None:
+            a = axes[0, col]
+            a.imshow(scores[stage][0][:128, :128].numpy(), cmap="RdBu_r")
+            a.set_title(f"position-only scores, {stage}\nToeplitz {reports[stage]['toeplitz']:.2f}", fontsize=8)
+            a.set_xticks([]), a.set_yticks([])
+            col += 1
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_evolution(rows, path, n_cols=6):
+    """The paper's figure: one row per (name, snapshots), each snapshot a dict with a
+    head-averaged map ("map"), its "step" and its mass within |i-j|<=2 ("mass")."""
+    plt, (fig, axes) = plt_figure(len(rows), n_cols, figsize=(2 * n_cols, 2.1 * len(rows)), squeeze=False)
+    for r, (name, picks) in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            ax.set_xticks([]), ax.set_yticks([])
+            if c < len(picks):
+                ax.imshow(torch.tensor(picks[c]["map"]).numpy(), cmap="viridis")
+                ax.set_title(f"step {picks[c]['step']}, mass(w=2) {picks[c]['mass']:.2f}", fontsize=7)
+        axes[r, 0].set_ylabel(name, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

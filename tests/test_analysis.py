@@ -1,0 +1,96 @@
+"""analysis.py on hand-made attention maps (where the right answer is known) and
+on real model.py layers: 1-D and 2-D proximity, score spread, position scores."""
+
+import math
+
+import pytest
+import torch
+
+import analysis
+from model import Transformer, TransformerConfig
+
+
+def neighbourhood_maps(side, radius):
+    """Attention spread evenly over each pixel's Chebyshev neighbourhood of `radius`."""
+    near = (analysis.grid_distance(side) <= radius).float()
+    return [(near / near.sum(-1, keepdim=True))[None, None]]       # (1, 1, T, T)
+
+
+def test_perfect_3x3_attention_scores_one_at_radius_one():
+    mass = analysis.proximity_mass_2d(neighbourhood_maps(8, 1), radii=(0, 1, 2))
+    assert mass["layers"][0][1] == pytest.approx(1.0)
+    assert mass["layers"][0][0] < 0.2                               # itself only: 1/9 inside, 1/4-1/6 at edges
+    one_d = analysis.proximity_mass(neighbourhood_maps(8, 1), widths=(2,))
+    assert one_d["layers"][0][0] < 0.45                             # the 1-D statistic sees only a third
+
+
+def test_uniform_attention_gives_the_uniform_baseline():
+    T = 64
+    maps = [torch.full((2, 3, T, T), 1.0 / T)]
+    two_d = analysis.proximity_mass_2d(maps)
+    assert two_d["layers"][0] == pytest.approx(two_d["uniform"])
+    inner = 36 * 9 + 24 * 6 + 4 * 4                                 # 3x3 windows clipped at the border
+    assert two_d["uniform"][1] == pytest.approx(inner / T / T)
+    one_d = analysis.proximity_mass(maps)
+    assert one_d["layers"][0] == pytest.approx(one_d["uniform"])
+
+
+def test_a_row_wrap_pair_is_not_a_grid_neighbour():
+    side, T = 8, 64
+    m = torch.zeros(1, 1, T, T)
+    for r in range(side - 1):                                       # (r, 7) attends to (r + 1, 0)
+        m[0, 0, r * side + side - 1, (r + 1) * side] = 1.0
+    rows = [r * side + side - 1 for r in range(side - 1)]
+    pad = torch.ones(1, T, dtype=torch.bool)
+    pad[0, rows] = False                                            # read only those queries
+    assert analysis.proximity_mass([m], pad, widths=(1,))["layers"][0][0] == pytest.approx(1.0)
+    dist = analysis.grid_distance(side)
+    assert all(dist[q, q + 1] == side - 1 for q in rows)            # far apart on the grid
+    assert (analysis.proximity_mass_2d([m], radii=(1,))["layers"][0][0]) < 0.02
+
+
+def test_non_square_attention_is_refused_for_2d():
+    with pytest.raises(ValueError, match="not a square image"):
+        analysis.proximity_mass_2d([torch.full((1, 1, 10, 10), 0.1)])
+
+
+def test_score_spread_of_uniform_and_of_peaked_attention():
+    T = 16
+    flat = analysis.score_spread([torch.full((1, 2, T, T), 1.0 / T)])
+    assert flat["score_std"][0] == pytest.approx(0.0, abs=1e-6)
+    assert flat["entropy"][0] == pytest.approx(math.log(T)) == pytest.approx(flat["entropy_uniform"])
+    scores = torch.randn(1, 2, T, T) * 0.5
+    peaked = analysis.score_spread([scores.softmax(-1)])
+    centred = scores - scores.mean(-1, keepdim=True)
+    assert peaked["score_std"][0] == pytest.approx(centred.pow(2).mean(-1).sqrt().mean().item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("init, lo, hi", [("torch", 0.2, 0.4), ("gpt2", 0.01, 0.04)])
+def test_the_two_inits_give_the_documented_score_spread(init, lo, hi):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=34, max_len=100, n_embd=64, n_head=4, init=init))
+    _, maps = model(torch.randint(0, 32, (16, 100)), return_attn=True)
+    spread = analysis.score_spread(maps)
+    assert lo < spread["score_std"][0] < hi
+
+
+def test_position_scores_use_the_real_query_and_key():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=10, max_len=40, n_embd=16, n_head=2))
+    attn, ln = model.blocks[0].attn, model.blocks[0].ln_1
+    scores = analysis.position_scores(model)
+    h = ln(model.pe[:40])
+    q, k = attn.W_Q(h).view(40, 2, 8).transpose(0, 1), attn.W_K(h).view(40, 2, 8).transpose(0, 1)
+    assert torch.allclose(scores, q @ k.transpose(-2, -1) / math.sqrt(8), atol=1e-5)
+    with torch.no_grad():
+        attn.W_Q.bias.add_(1.0)                                     # the bias is part of the query
+    assert not torch.allclose(analysis.position_scores(model), scores)
+    assert analysis.position_scores(Transformer(TransformerConfig(vocab_size=10, pos_enc="rope"))) is None
+
+
+def test_toeplitz_score_is_one_for_a_function_of_i_minus_j():
+    i = torch.arange(30)
+    M = torch.exp(-(i[:, None] - i[None, :]).abs().float() / 3)
+    score, near_far = analysis.toeplitz_stats(M)
+    assert score == pytest.approx(1.0) and near_far > 1
+    assert analysis.toeplitz_stats(torch.randn(30, 30))[0] < 0.3
