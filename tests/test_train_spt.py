@@ -92,15 +92,26 @@ def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
 
 
 def test_pretrain_task_swap_runs_end_to_end(tmp_path):
-    """Pretrain on generated ListOps, finetune on generated PathFinder."""
-    out = run(tmp_path / "run", "--task=pathfinder", "--pretrain_task=listops", f"--data_dir={tmp_path}",
+    """The paper's swap: pretrain on generated PathFinder, finetune on (tiny) CIFAR-10."""
+    from test_data_lra import write_cifar
+    write_cifar(tmp_path, per_batch=8)
+    out = run(tmp_path / "run", "--task=image", "--pretrain_task=pathfinder", f"--data_dir={tmp_path}",
               "--n_generate=200", "--n_train=32", "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2",
               "--batch_size=16", "--pretrain_epochs=1", "--epochs=1")
-    assert out["pretrain_task"] == "listops" and out["task"] == "pathfinder"
+    assert out["pretrain_task"] == "pathfinder" and out["task"] == "image"
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert cfg["pretrain_task"] == "listops"
+    assert cfg["pretrain_task"] == "pathfinder"
     phases = {r["phase"] for r in read_log(tmp_path / "run")}
     assert phases == {"spt", "finetune"}
+
+
+def test_swap_across_vocabularies_is_refused(tmp_path):
+    """ListOps' token ids are not pixels: pretraining PathFinder on them would alias ids."""
+    with pytest.raises(ValueError, match="--pretrain_task=listops has vocabulary .* would mean other tokens"):
+        run(tmp_path / "run", "--task=pathfinder", "--pretrain_task=listops", f"--data_dir={tmp_path}",
+            "--n_generate=200", "--n_train=32", "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2",
+            "--batch_size=16")
+    assert not (tmp_path / "run").exists()
 
 
 def losses(out_dir):
