@@ -705,6 +705,28 @@ REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain
                   "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
 
 
+SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_params", "freeze")
+SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
+
+
+def seed_table(runs):
+    """Runs that differ only in --seed (and in which seed's checkpoint they start from),
+    gathered into one row: mean +- std (n runs) of each SEED_STATS column."""
+    groups = {}
+    for _, s in runs:
+        key = tuple(s.get(c) for c in SEED_GROUP) + (s.get("init_from") not in ("", None),)
+        groups.setdefault(key, []).append(s)
+    lines = ["| " + " | ".join(SEED_GROUP) + " | from a checkpoint | n | " + " | ".join(SEED_STATS) + " |",
+             "|---" * (len(SEED_GROUP) + len(SEED_STATS) + 2) + "|"]
+    for key, members in groups.items():
+        cells = []
+        for c in SEED_STATS:
+            v = np.array([m[c] for m in members if m.get(c) is not None], dtype=float)
+            cells.append(f"{v.mean():.3f} +- {v.std(ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "")
+        lines.append("| " + " | ".join(str(k) for k in key) + f" | {len(members)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(dirs):
     paths = []
     for d in dirs.split(","):
@@ -719,7 +741,7 @@ def report(dirs):
     for d, s in runs:
         cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
+    table = "\n".join(lines) + "\n\n" + seed_table(runs)
     print(table)
     first = dirs.split(",")[0]
     where = first if os.path.isdir(first) else "."   # report.md and the figures go here
