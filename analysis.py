@@ -18,13 +18,21 @@ work on any attention maps, ours or someone else's:
                       position vectors alone, for additive encodings
   toeplitz_stats      how much of a score matrix is a function of i - j alone, and
                       the near-minus-far contrast of that profile
+  attention_report    all of the above for one model and its maps, as plain numbers
   plot_attention, plot_proximity, plot_evolution   the figures
+  report, seed_table, plot_curves, plot_val_accuracy   tables and figures gathered
+                      from run folders (train_spt.py --report=DIR,...): one row per
+                      run, and runs that differ only in --seed as mean +- std
 
-Imports torch and (for figures) matplotlib, and from this project only model.py.
+Imports torch, numpy and (for figures) matplotlib, and from this project only model.py.
 """
 
+import glob
+import json
 import math
+import os
 
+import numpy as np
 import torch
 
 from model import Transformer
@@ -137,7 +145,7 @@ def toeplitz_stats(M):
     return score.item(), near_far.item()
 
 
-def report(model, maps, pad_mask=None, image_side=None):
+def attention_report(model, maps, pad_mask=None, image_side=None):
     """Every statistic above for one model and its attention maps, as plain numbers;
     and the position-only score matrices (or None). image_side: also the 2-D mass."""
     out = {"mass": proximity_mass(maps, pad_mask), **score_spread(maps, pad_mask)}
@@ -226,3 +234,131 @@ def plot_evolution(rows, path, n_cols=6):
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+# -----------------------------------------------------------------------------
+# Runs: figures and tables from run folders (config.json, log.jsonl, summary.json)
+
+def read_records(out_dir):
+    """The records of a run's log.jsonl (a line cut short by a kill is skipped)."""
+    records = []
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def plot_curves(out_dir):
+    plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5))
+    records = read_records(out_dir)
+    for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
+        steps = [r for r in records if r.get("phase") == phase and "loss" in r]
+        vals = [r for r in records if r.get("phase") == phase and "val_loss" in r]
+        if steps:
+            axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], color=color, label=phase)
+        if vals:
+            axes[1].plot([r["epoch"] for r in vals], [r["val_loss"] for r in vals], "o-", color=color, label=phase)
+            if phase == "finetune":
+                axes[2].plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-", color=color)
+    for ax, title in zip(axes, ("train loss (per step)", "val loss (per epoch)", "val accuracy (finetuning)")):
+        ax.set_title(title)
+        ax.legend() if ax.get_legend_handles_labels()[0] else None
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=90)
+    plt.close(fig)
+
+
+def plot_evolution_of_runs(run_dirs, path, n_cols=6):
+    """The paper's figure from each run's snapshots.jsonl: one row per (run, phase),
+    n_cols snapshots spread over training (plot_evolution draws it)."""
+    rows = []
+    for d in run_dirs:
+        snap_path = os.path.join(d, "snapshots.jsonl")
+        if not os.path.exists(snap_path):
+            continue
+        with open(snap_path) as f:
+            snaps = [json.loads(line) for line in f]
+        for phase in ("spt", "finetune"):
+            s = [x for x in snaps if x["phase"] == phase]
+            if s:
+                picks = [dict(s[round(i)], mass=s[round(i)]["mass"][PROX_WIDTHS.index(2)])
+                         for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
+                rows.append((f"{os.path.basename(os.path.normpath(d))} {phase}", picks))
+    return plot_evolution(rows, path, n_cols) if rows else None
+
+
+def plot_val_accuracy(runs, path):
+    """Finetuning val accuracy per epoch, one line per (run_dir, summary): solid when
+    the run starts from SPT weights (its own or a checkpoint's), dashed when from scratch."""
+    plt, (fig, ax) = plt_figure(figsize=(8, 3.8))
+    for d, s in runs:
+        spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
+        vals = [r for r in read_records(d) if r.get("phase") == "finetune" and "val_acc" in r]
+        if vals:
+            ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
+                    label=os.path.relpath(d), markersize=3)
+    ax.set_xlabel("finetuning epoch"), ax.set_ylabel("val accuracy"), ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Gathering results: --report=DIR,... -> one markdown table and two figures
+
+REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
+                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
+
+
+SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_params", "freeze")
+SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
+
+
+def seed_table(runs):
+    """Runs that differ only in --seed (and in which seed's checkpoint they start from),
+    gathered into one row: mean +- std (n runs) of each SEED_STATS column."""
+    groups = {}
+    for _, s in runs:
+        key = tuple(s.get(c) for c in SEED_GROUP) + (s.get("init_from") not in ("", None),)
+        groups.setdefault(key, []).append(s)
+    lines = ["| " + " | ".join(SEED_GROUP) + " | from a checkpoint | n | " + " | ".join(SEED_STATS) + " |",
+             "|---" * (len(SEED_GROUP) + len(SEED_STATS) + 2) + "|"]
+    for key, members in groups.items():
+        cells = []
+        for c in SEED_STATS:
+            v = np.array([m[c] for m in members if m.get(c) is not None], dtype=float)
+            cells.append(f"{v.mean():.3f} +- {v.std(ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "")
+        lines.append("| " + " | ".join(str(k) for k in key) + f" | {len(members)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(dirs):
+    paths = []
+    for d in dirs.split(","):
+        paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
+    if not paths:
+        raise FileNotFoundError(f"no summary.json under {dirs}")
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append((os.path.dirname(p), json.load(f)))
+    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
+    for d, s in runs:
+        cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n\n" + seed_table(runs)
+    print(table)
+    first = dirs.split(",")[0]
+    where = first if os.path.isdir(first) else "."   # report.md and the figures go here
+    with open(os.path.join(where, "report.md"), "w") as f:
+        f.write(table + "\n")
+    print(f"val accuracy figure: {plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'))}")
+    fig = plot_evolution_of_runs([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
+    if fig:
+        print(f"attention evolution figure: {fig}")
+    return table

@@ -33,7 +33,6 @@ differs is refused. A NaN or inf loss or gradient stops the run; checkpoints
 only ever hold finite weights. Errors are one line; --debug=True shows the traceback.
 """
 
-import glob
 import hashlib
 import json
 import math
@@ -54,7 +53,7 @@ import synthetic
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
 from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, given_keys,
                       last_good_checkpoint, load_checkpoint, load_state, lr_at, parse_int_list,
-                      read_log, release_out_dir, resume_config, run_cli, save_checkpoint,
+                      release_out_dir, resume_config, run_cli, save_checkpoint,
                       setup_runtime, unwrap)
 
 # -----------------------------------------------------------------------------
@@ -425,11 +424,11 @@ def attention_maps(model, ds, rt, n=8):
 
 
 def proximity_report(model, ds, rt, cfg):
-    """analysis.report on the first validation examples: 1-D (and for images 2-D)
+    """analysis.attention_report on the first validation examples: 1-D (and for images 2-D)
     proximity mass, score spread, Toeplitz score; plus the maps and position scores."""
     maps, pad_mask = attention_maps(model, ds, rt)
     side = math.isqrt(maps[0].size(-1)) if cfg["task"] in IMAGE_TASKS else None
-    stats, scores = analysis.report(unwrap(model), maps, pad_mask, side)
+    stats, scores = analysis.attention_report(unwrap(model), maps, pad_mask, side)
     return stats, maps, scores
 
 
@@ -618,7 +617,7 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
 
 
 # -----------------------------------------------------------------------------
-# Attention snapshots during training, and the plots
+# Attention snapshots during training (analysis.py draws them)
 
 def snapshot_attention(model, ds, rt, cfg, phase, step):
     """Append the head-averaged layer-0 map of one example (downsampled to <= 128
@@ -636,122 +635,9 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
                                 map=np.round(m.numpy(), 4).tolist())) + "\n")
 
 
-def plot_curves(out_dir):
-    plt, (fig, axes) = analysis.plt_figure(1, 3, figsize=(13, 3.5))
-    records = read_log(out_dir)
-    for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
-        steps = [r for r in records if r.get("phase") == phase and "loss" in r]
-        vals = [r for r in records if r.get("phase") == phase and "val_loss" in r]
-        if steps:
-            axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], color=color, label=phase)
-        if vals:
-            axes[1].plot([r["epoch"] for r in vals], [r["val_loss"] for r in vals], "o-", color=color, label=phase)
-            if phase == "finetune":
-                axes[2].plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-", color=color)
-    for ax, title in zip(axes, ("train loss (per step)", "val loss (per epoch)", "val accuracy (finetuning)")):
-        ax.set_title(title)
-        ax.legend() if ax.get_legend_handles_labels()[0] else None
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=90)
-    plt.close(fig)
-
-
 def plot_attention(maps, cfg, stage):
     analysis.plot_attention(maps, os.path.join(cfg["out_dir"], f"attention_{stage}.png"),
                             f"attention maps: {stage}")
-
-
-def plot_evolution(run_dirs, path, n_cols=6):
-    """The paper's figure from each run's snapshots.jsonl: one row per (run, phase),
-    n_cols snapshots spread over training (analysis.plot_evolution draws it)."""
-    rows = []
-    for d in run_dirs:
-        snap_path = os.path.join(d, "snapshots.jsonl")
-        if not os.path.exists(snap_path):
-            continue
-        with open(snap_path) as f:
-            snaps = [json.loads(line) for line in f]
-        for phase in ("spt", "finetune"):
-            s = [x for x in snaps if x["phase"] == phase]
-            if s:
-                picks = [dict(s[round(i)], mass=s[round(i)]["mass"][analysis.PROX_WIDTHS.index(2)])
-                         for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
-                rows.append((f"{os.path.basename(os.path.normpath(d))} {phase}", picks))
-    return analysis.plot_evolution(rows, path, n_cols) if rows else None
-
-
-def plot_val_accuracy(runs, path):
-    """Finetuning val accuracy per epoch, one line per (run_dir, summary): solid when
-    the run starts from SPT weights (its own or a checkpoint's), dashed when from scratch."""
-    plt, (fig, ax) = analysis.plt_figure(figsize=(8, 3.8))
-    for d, s in runs:
-        spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
-        vals = [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
-        if vals:
-            ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
-                    label=os.path.relpath(d), markersize=3)
-    ax.set_xlabel("finetuning epoch"), ax.set_ylabel("val accuracy"), ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-# -----------------------------------------------------------------------------
-# Gathering results: --report=DIR,... -> one markdown table and two figures
-
-REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
-                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
-
-
-SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_params", "freeze")
-SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
-
-
-def seed_table(runs):
-    """Runs that differ only in --seed (and in which seed's checkpoint they start from),
-    gathered into one row: mean +- std (n runs) of each SEED_STATS column."""
-    groups = {}
-    for _, s in runs:
-        key = tuple(s.get(c) for c in SEED_GROUP) + (s.get("init_from") not in ("", None),)
-        groups.setdefault(key, []).append(s)
-    lines = ["| " + " | ".join(SEED_GROUP) + " | from a checkpoint | n | " + " | ".join(SEED_STATS) + " |",
-             "|---" * (len(SEED_GROUP) + len(SEED_STATS) + 2) + "|"]
-    for key, members in groups.items():
-        cells = []
-        for c in SEED_STATS:
-            v = np.array([m[c] for m in members if m.get(c) is not None], dtype=float)
-            cells.append(f"{v.mean():.3f} +- {v.std(ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "")
-        lines.append("| " + " | ".join(str(k) for k in key) + f" | {len(members)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def report(dirs):
-    paths = []
-    for d in dirs.split(","):
-        paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
-    if not paths:
-        raise FileNotFoundError(f"no summary.json under {dirs}")
-    runs = []
-    for p in paths:
-        with open(p) as f:
-            runs.append((os.path.dirname(p), json.load(f)))
-    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
-    for d, s in runs:
-        cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
-        lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n\n" + seed_table(runs)
-    print(table)
-    first = dirs.split(",")[0]
-    where = first if os.path.isdir(first) else "."   # report.md and the figures go here
-    with open(os.path.join(where, "report.md"), "w") as f:
-        f.write(table + "\n")
-    print(f"val accuracy figure: {plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'))}")
-    fig = plot_evolution([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
-    if fig:
-        print(f"attention evolution figure: {fig}")
-    return table
 
 
 # -----------------------------------------------------------------------------
@@ -770,7 +656,7 @@ def main(argv=None):
     cfg = get_config(argv)
     STEPS_RUN[0] = 0
     if cfg["report"]:
-        return report(cfg["report"])
+        return analysis.report(cfg["report"])
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = None
     if cfg["init_from"] == "resume":          # the folder given, the checkpoint's config
@@ -866,9 +752,9 @@ def main(argv=None):
         summary["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][analysis.PROX_WIDTHS.index(2)]
         summary["proximity"] = reports
         log.summary(summary)
-        plot_curves(cfg["out_dir"])
+        analysis.plot_curves(cfg["out_dir"])
         analysis.plot_proximity(reports, scores, os.path.join(cfg["out_dir"], "proximity.png"))
-        plot_evolution([cfg["out_dir"]], os.path.join(cfg["out_dir"], "attention_evolution.png"))
+        analysis.plot_evolution_of_runs([cfg["out_dir"]], os.path.join(cfg["out_dir"], "attention_evolution.png"))
         print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), "
               f"test acc {test['acc']:.4f}; attention mass within |i-j|<=2: "
               f"init {summary['mass_w2_init']:.3f}, final {summary['mass_w2_finetune']:.3f} "

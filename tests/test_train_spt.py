@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import analysis
 import train_spt
 from model import select_params
 from training import load_checkpoint, read_log
@@ -56,8 +57,11 @@ def test_spt_recovers_proximity_attention(spt_vs_scratch):
 def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
     base, _, _ = spt_vs_scratch
     table = train_spt.main([f"--report={base}"])
-    rows = [line for line in table.splitlines() if "| synthetic | 1 | gpt2 | sinusoidal | synthetic |" in line]
+    rows = [line for line in table.splitlines() if line.startswith(f"| {base}")
+            and "| synthetic | 1 | gpt2 | sinusoidal | synthetic |" in line]
     assert len(rows) == 2 and {"| 5 |", "| 0 |"} <= {c for r in rows for c in ("| 5 |", "| 0 |") if c in r}
+    seed_rows = [line for line in table.splitlines() if line.startswith("| synthetic | 1 | gpt2 |")]
+    assert len(seed_rows) == 2 and all("| 1 | " in r for r in seed_rows)      # one seed each
     assert (base / "report.md").read_text().strip() == table
     assert os.path.getsize(base / "val_accuracy.png") > 0
 
@@ -205,7 +209,7 @@ def test_report_averages_runs_that_differ_only_in_seed():
                 score_std_init=0.3)
     runs = [("a", dict(base, best_val_acc=0.5, test_acc=0.6)), ("b", dict(base, best_val_acc=0.7, test_acc=0.8)),
             ("c", dict(base, init="gpt2", best_val_acc=0.9, test_acc=0.9))]
-    rows = train_spt.seed_table(runs).splitlines()[2:]
+    rows = analysis.seed_table(runs).splitlines()[2:]
     assert len(rows) == 2
     assert "| torch |" in rows[0] and "| 2 | 0.600 +- 0.141 | 0.700 +- 0.141 |" in rows[0]
     assert "| gpt2 |" in rows[1] and "| 1 | 0.900 +- 0.000 |" in rows[1]
