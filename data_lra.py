@@ -172,6 +172,8 @@ def read_listops_tsv(path, max_len=2000):
                 raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
             seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
             labels.append(int(fields[1]))
+    if not seqs:
+        raise ValueError(f"{path}: has the header but no rows")
     return seqs, labels
 
 
@@ -270,20 +272,46 @@ class RestrictedUnpickler(pickle.Unpickler):
         return obj
 
 
+MAX_CIFAR_BYTES = 64 << 20  # a CIFAR-10 python batch is 31 MB
+
+
 def read_cifar_batch(path):
-    """-> (uint8 grey images (N, 1024), labels). Rows are 1024 R, 1024 G, 1024 B."""
+    """-> (uint8 grey images (N, 1024), labels). Rows are 1024 R, 1024 G, 1024 B.
+    Bounded: the file's size, and its shape (a dict whose 'data' is a uint8 array (N, 3072) and
+    'labels' a flat list of N ints), so nested lists cannot expand into gigabytes."""
+    size = os.path.getsize(path)
+    if size > MAX_CIFAR_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than the {MAX_CIFAR_BYTES} a CIFAR-10 batch needs; not unpickled")
     with open(path, "rb") as f:
-        d = RestrictedUnpickler(f, encoding="bytes").load()
+        try:
+            d = RestrictedUnpickler(f, encoding="bytes").load()
+        except pickle.UnpicklingError as e:
+            why = str(e) if str(e).startswith("refusing") else f"truncated or not a CIFAR-10 pickle ({e})"
+            raise ValueError(f"{path}: {why}") from None
+        except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError) as e:
+            raise ValueError(f"{path}: truncated or not a CIFAR-10 pickle ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: expected a dict, got {type(d).__name__}")
     d = {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
     if "data" not in d or "labels" not in d:
-        raise ValueError(f"{path}: expected keys 'data' and 'labels', got {sorted(d)}")
-    rgb = np.asarray(d["data"], dtype=np.float64).reshape(-1, 3, 1024)
-    if rgb.shape[0] != len(d["labels"]):
-        raise ValueError(f"{path}: {rgb.shape[0]} images but {len(d['labels'])} labels")
-    grey = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]  # ITU-R 601 luma, as tf.image.rgb_to_grayscale
-    return np.clip(np.rint(grey), 0, 255).astype(np.uint8), np.asarray(d["labels"], dtype=np.int64)
+        raise ValueError(f"{path}: expected keys 'data' and 'labels', got {sorted(map(str, d))}")
+    data, labels = d["data"], d["labels"]
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
+        what = f"{data.dtype} array {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise ValueError(f"{path}: 'data' must be a uint8 array of shape (N, 3072), got a {what}")
+    if not (isinstance(labels, (list, np.ndarray)) and len(labels) == len(data)
+            and all(isinstance(y, (int, np.integer)) and 0 <= y <= 9 for y in labels)):
+        raise ValueError(f"{path}: 'labels' must be a flat list of {len(data)} ints 0-9")
+    return tf_grey(data.reshape(-1, 3, 1024)), np.asarray(labels, dtype=np.int64)
+
+
+def tf_grey(rgb):
+    """uint8 (N, 3, P) -> uint8 (N, P) exactly as LRA's tf.image.rgb_to_grayscale on uint8: to float32
+    (times 1/255), ITU-R 601 weights, back to uint8 by convert_image_dtype (times 255.5, truncated)."""
+    f = rgb.astype(np.float32) * np.float32(1 / 255)
+    w = np.array([0.2989, 0.5870, 0.1140], np.float32)
+    grey = f[:, 0] * w[0] + f[:, 1] * w[1] + f[:, 2] * w[2]
+    return np.clip(grey * np.float32(255.5), 0, 255).astype(np.uint8)
 
 
 def load_image(split, data_dir):
@@ -541,8 +569,12 @@ def pathfinder_folder(root, resolution=32, difficulty="contour_length_14"):
 
 
 def _read_png_grey(path):
+    """-> uint8 (H, W); a file that is not a readable PNG is an error naming it."""
     import matplotlib.image
-    x = matplotlib.image.imread(path)
+    try:
+        x = matplotlib.image.imread(path, format="png")
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable PNG, truncated or damaged ({type(e).__name__}: {e})") from None
     if x.ndim == 3:
         x = x[..., 0]
     if x.dtype != np.uint8:
@@ -554,17 +586,40 @@ def _metadata_lines(path):
     """The release's metadata/<batch>.npy files are text; np.save'd string arrays are read too."""
     with open(path, "rb") as f:
         raw = f.read()
-    if raw.startswith(b"\x93NUMPY"):
-        return [" ".join(map(str, row)) for row in np.load(io.BytesIO(raw), allow_pickle=False)]
-    return raw.decode("utf-8").split("\n")
+    try:
+        if raw.startswith(b"\x93NUMPY"):
+            return [" ".join(map(str, row)) for row in np.load(io.BytesIO(raw), allow_pickle=False)]
+        return raw.decode("utf-8").split("\n")
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not PathFinder metadata (text lines or a string array): {e}") from None
 
 
-def read_pathfinder_release(folder, progress=True):
-    """-> (uint8 images (N, R, R), labels (N,)) in metadata order."""
+def _inside(folder, rel):
+    """The path rel (from a metadata line) resolved under folder, or None if it leaves it."""
+    if os.path.isabs(rel):
+        return None
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, rel))
+    return path if os.path.commonpath([root, path]) == root else None
+
+
+def _release_resolution(folder):
+    """32 for .../pathfinder32/<difficulty>, None if the folder does not say."""
+    parent = os.path.basename(os.path.dirname(os.path.normpath(folder)))
+    return int(parent[len("pathfinder"):]) if parent.startswith("pathfinder") and parent[10:].isdigit() else None
+
+
+def read_pathfinder_release(folder, progress=True, resolution=None):
+    """-> (uint8 images (N, R, R), labels (N,)) in metadata order. R is the folder's
+    (pathfinder<R>), else the first image's. Refused with a line naming the file: image paths
+    outside the folder, labels other than 0/1, unreadable PNGs, images of another size.
+    Skipped: zero-byte PNGs (as TFDS; counted and said) and, at 32 px, the release's known
+    empty curv_baseline/imgs/0/sample_172.png."""
     from tqdm import tqdm
     meta_dir = os.path.join(folder, "metadata")
     if not os.path.isdir(meta_dir):
         raise _missing("PathFinder", meta_dir)
+    resolution = resolution or _release_resolution(folder)
     names = sorted((f for f in os.listdir(meta_dir) if f.endswith(".npy")),
                    key=lambda f: (len(f), f))  # 0.npy, 1.npy, ..., 10.npy
     entries = []
@@ -576,17 +631,34 @@ def read_pathfinder_release(folder, progress=True):
             fields = line.split(" ")
             if len(fields) < 4 or not fields[3].lstrip("-").isdigit():
                 raise _malformed(path, lineno, "expected '<subdir> <file> <index> <label> ...' separated by spaces")
+            if int(fields[3]) not in (0, 1):
+                raise _malformed(path, lineno, f"label {fields[3]} is not 0 or 1")
             rel = os.path.join(fields[0], fields[1])
-            if os.path.join(os.path.basename(folder), rel).replace(os.sep, "/") == EMPTY_IMAGE:
+            image = _inside(folder, rel)
+            if image is None:
+                raise _malformed(path, lineno, f"image path {rel!r} leaves the data folder {folder}")
+            if resolution == 32 and os.path.join(os.path.basename(os.path.normpath(folder)), rel).replace(os.sep, "/") == EMPTY_IMAGE:
                 continue
-            entries.append((os.path.join(folder, rel), int(fields[3])))
-    images = []
-    for path, _ in tqdm(entries, desc=f"reading {folder}", disable=not progress, unit="img"):
+            entries.append((image, int(fields[3])))
+    images, labels, empty = [], [], 0
+    size = f"pathfinder{resolution}" if resolution else None  # what the images must match
+    for path, label in tqdm(entries, desc=f"reading {folder}", disable=not progress, unit="img"):
         if not os.path.exists(path):
             raise _missing("PathFinder image listed in the metadata", path)
-        images.append(_read_png_grey(path))
-    labels = np.array([y for _, y in entries], dtype=np.int64)
-    return np.stack(images) if images else np.zeros((0, 0, 0), np.uint8), labels
+        if os.path.getsize(path) == 0:
+            empty += 1
+            continue
+        x = _read_png_grey(path)
+        if resolution is None:
+            resolution, size = x.shape[0], f"the first image ({x.shape[1]}x{x.shape[0]}); sizes are mixed"
+        if x.shape != (resolution, resolution):
+            raise ValueError(f"{path}: image is {x.shape[1]}x{x.shape[0]}, expected {resolution}x{resolution} for {size}")
+        images.append(x)
+        labels.append(label)
+    if empty:
+        print(f"data_lra: skipped {empty} empty (zero-byte) image(s) listed in {meta_dir}")
+    labels = np.array(labels, dtype=np.int64)
+    return np.stack(images) if images else np.zeros((0, resolution or 0, resolution or 0), np.uint8), labels
 
 
 # -----------------------------------------------------------------------------
@@ -740,7 +812,7 @@ def _cached_release(folder, data_dir, resolution, progress=True):
         cached = _load_npz(path, key) if key["n"] is not None else None
         if cached is not None:
             return cached["images"], cached["labels"]
-    images, labels = read_pathfinder_release(folder, progress)
+    images, labels = read_pathfinder_release(folder, progress, resolution)
     key["n"] = len(labels)
     if images.shape[1:] == (resolution, resolution):
         _save_npz(path, key, images=images, labels=labels)
