@@ -26,9 +26,15 @@ Files, read exactly as released (data_dir defaults to ./data):
     pathfinder32/curv_contour_length_14/{imgs/<b>/sample_<i>.png, metadata/<b>.npy}
 
 ListOps and PathFinder are procedurally generated datasets, so when their files
-are missing they are generated here (faithful re-implementations of the LRA
-ListOps script and of Linsley et al.'s "snakes" PathFinder generator), cached
-under data_dir, and loaded through the same readers as the release.
+are missing they are generated (faithful re-implementations of the LRA ListOps
+script, here, and of Linsley et al.'s "snakes" PathFinder generator, in
+pathfinder.py), cached under data_dir keyed on the generator's version, and
+loaded through the same readers as the release.
+
+Bad files are refused with one line naming the file and what is wrong: rows that
+do not parse, labels out of range, PathFinder image paths that leave the data
+folder, images of the wrong size, unreadable PNGs, CIFAR pickles that are
+truncated, too large, name any callable, or are not the expected arrays.
 
     ds = load_task("pathfinder", "train", data_dir="data")
     tokens, label = ds[0]
