@@ -355,21 +355,31 @@ def render(R, p, paddles_per_image, markers):
 
 
 def _target_pairs(rng, n, R, p, length, spacing, all_pairs):
-    """n finished pairs of targets, grown in bulk (most attempts fail: a contour hits the
-    border or the other one and is drawn again). -> margins (n,), paddles (n, 2, length, 4)."""
-    margins, found, tried = [], [], 0
-    while sum(len(f) for f in found) < n:
-        have = sum(len(f) for f in found)
+    """n finished pairs of targets, each image's margin drawn from p["margins"] as the original.
+    -> margins (n,), paddles (n, 2, length, 4)."""
+    choices = p["margins"]
+    margins = np.asarray(choices)[rng.integers(len(choices), size=n)] if len(choices) > 1 else np.full(n, choices[0])
+    targets = np.zeros((n, 2, length, 4))
+    for margin in np.unique(margins):
+        sel = np.nonzero(margins == margin)[0]
+        targets[sel] = _grow_targets(rng, len(sel), R, p, length, margin, spacing, all_pairs)
+    return margins, targets
+
+
+def _grow_targets(rng, n, R, p, length, margin, spacing, all_pairs):
+    """Grown in bulk: most attempts fail (a contour hits the border or the other one and is
+    drawn again, as in the original). -> paddles (n, 2, length, 4)."""
+    found, have, tried = [], 0, 0
+    while have < n:
         if tried > 2000 * (n + 50):
             raise RuntimeError(f"PathFinder{R}: contours of length {length} hardly ever fit")
         rate = (have + 1) / (tried + 20)  # running estimate of pairs per attempt
         attempts = int(min(4000, max(64, 1.3 * (n - have) / rate)))
-        margin = p["margins"][rng.integers(len(p["margins"]))]  # one per image in the original; per attempt batch here
         alive, segs = _targets(rng, attempts, R, p, length, margin, spacing, all_pairs)
         tried += attempts
         found.append(segs[alive])
-        margins.append(np.full(int(alive.sum()), margin))
-    return np.concatenate(margins)[:n], np.concatenate(found)[:n]
+        have += int(alive.sum())
+    return np.concatenate(found)[:n]
 
 
 def pathfinder_batch(rng, labels, resolution=32, contour_length=14, spacing=0.0, match_distance=False,
@@ -410,29 +420,31 @@ def _distance_matched(rng, labels, R, p, length, spacing, all_pairs):
     """Option match_distance: pairs of targets offered as a positive or a negative, kept so
     that both labels see the same distribution of marker distance (bins of R/32 px).
     -> margins, targets, which (the target under the origin marker)."""
-    n = len(labels)
     n_pos, n_neg = int((labels == 1).sum()), int((labels == 0).sum())
-    pool_m, pool_t, pool_w, pool_pos = [], [], [], []
+    pool = dict(margins=[], targets=[], which=[], positive=[])
     while True:
-        if pool_t:
-            t, w, pos = np.concatenate(pool_t), np.concatenate(pool_w), np.concatenate(pool_pos)
-            end = np.where(pos == 1, w, 1 - w)
-            k = np.arange(len(t))
-            dist = np.linalg.norm(t[k, w, 0, :2] - t[k, end, -1, 2:], axis=1)
-            bins = np.floor(dist / (R / 32)).astype(int)
-            pairs = [np.stack([np.nonzero((bins == b) & (pos == 1))[0][:m], np.nonzero((bins == b) & (pos == 0))[0][:m]], 1)
-                     for b in np.unique(bins)
-                     for m in [min(((bins == b) & (pos == 1)).sum(), ((bins == b) & (pos == 0)).sum())]]
-            pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
-            if len(pairs) >= max(n_pos, n_neg):
-                break
-        margins, targets = _target_pairs(rng, max(64, 2 * n), R, p, length, spacing, all_pairs)
-        pool_m.append(margins), pool_t.append(targets)
-        pool_w.append(rng.integers(2, size=len(targets))), pool_pos.append(rng.integers(2, size=len(targets)))
+        margins, targets = _target_pairs(rng, max(64, 2 * len(labels)), R, p, length, spacing, all_pairs)
+        k = len(targets)
+        for key, value in zip(pool, (margins, targets, rng.integers(2, size=k), rng.integers(2, size=k))):
+            pool[key].append(value)
+        g = {key: np.concatenate(v) for key, v in pool.items()}
+        rows = np.arange(len(g["targets"]))
+        end = np.where(g["positive"] == 1, g["which"], 1 - g["which"])
+        dist = np.linalg.norm(g["targets"][rows, g["which"], 0, :2] - g["targets"][rows, end, -1, 2:], axis=1)
+        bins = np.floor(dist / (R / 32)).astype(int)
+        pos_idx, neg_idx = [], []
+        for b in np.unique(bins):
+            pos = np.nonzero((bins == b) & (g["positive"] == 1))[0]
+            neg = np.nonzero((bins == b) & (g["positive"] == 0))[0]
+            m = min(len(pos), len(neg))
+            pos_idx.append(pos[:m]), neg_idx.append(neg[:m])
+        pairs = np.stack([np.concatenate(pos_idx), np.concatenate(neg_idx)], 1)
+        if len(pairs) >= max(n_pos, n_neg):
+            break
     pairs = pairs[rng.permutation(len(pairs))]
-    chosen = np.empty(n, np.int64)
+    chosen = np.empty(len(labels), np.int64)
     chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
-    return np.concatenate(pool_m)[chosen], t[chosen], w[chosen]
+    return g["margins"][chosen], g["targets"][chosen], g["which"][chosen]
 
 
 def generate(n, seed=0, contour_length=14, resolution=32, chunk=250, **options):
