@@ -41,7 +41,7 @@ Departures from the original, each a named option (defaults in brackets):
   target's newest paddle, and hands the distractors a mask without the first
   target's last paddle, so targets can cross at their growing ends and a
   distractor can lie on a marked tip; with False those pairs go unchecked here too.
-- `cells` (4 at 32 px, 2 at 128): the dilation test is done on a grid `cells`
+- `cells` (3 at 32 px, 2 at 128): the dilation test is done on a grid `cells`
   times finer than the pixels, from three points per paddle (ends and middle);
   the original tests the anti-aliased masks pixel by pixel.
 Not kept as options: coordinates are continuous (the original rounds each joint
