@@ -26,9 +26,15 @@ Files, read exactly as released (data_dir defaults to ./data):
     pathfinder32/curv_contour_length_14/{imgs/<b>/sample_<i>.png, metadata/<b>.npy}
 
 ListOps and PathFinder are procedurally generated datasets, so when their files
-are missing they are generated here (faithful re-implementations of the LRA
-ListOps script and of Linsley et al.'s "snakes" PathFinder generator), cached
-under data_dir, and loaded through the same readers as the release.
+are missing they are generated (faithful re-implementations of the LRA ListOps
+script, here, and of Linsley et al.'s "snakes" PathFinder generator, in
+pathfinder.py), cached under data_dir keyed on the generator's version, and
+loaded through the same readers as the release.
+
+Bad files are refused with one line naming the file and what is wrong: rows that
+do not parse, labels out of range, PathFinder image paths that leave the data
+folder, images of the wrong size, unreadable PNGs, CIFAR pickles that are
+truncated, too large, name any callable, or are not the expected arrays.
 
     ds = load_task("pathfinder", "train", data_dir="data")
     tokens, label = ds[0]
@@ -50,6 +56,8 @@ import time
 
 import numpy as np
 import torch
+
+import pathfinder
 
 # -----------------------------------------------------------------------------
 # vocabularies
@@ -170,6 +178,8 @@ def read_listops_tsv(path, max_len=2000):
                 raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
             seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
             labels.append(int(fields[1]))
+    if not seqs:
+        raise ValueError(f"{path}: has the header but no rows")
     return seqs, labels
 
 
@@ -268,20 +278,46 @@ class RestrictedUnpickler(pickle.Unpickler):
         return obj
 
 
+MAX_CIFAR_BYTES = 64 << 20  # a CIFAR-10 python batch is 31 MB
+
+
 def read_cifar_batch(path):
-    """-> (uint8 grey images (N, 1024), labels). Rows are 1024 R, 1024 G, 1024 B."""
+    """-> (uint8 grey images (N, 1024), labels). Rows are 1024 R, 1024 G, 1024 B.
+    Bounded: the file's size, and its shape (a dict whose 'data' is a uint8 array (N, 3072) and
+    'labels' a flat list of N ints), so nested lists cannot expand into gigabytes."""
+    size = os.path.getsize(path)
+    if size > MAX_CIFAR_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than the {MAX_CIFAR_BYTES} a CIFAR-10 batch needs; not unpickled")
     with open(path, "rb") as f:
-        d = RestrictedUnpickler(f, encoding="bytes").load()
+        try:
+            d = RestrictedUnpickler(f, encoding="bytes").load()
+        except pickle.UnpicklingError as e:
+            why = str(e) if str(e).startswith("refusing") else f"truncated or not a CIFAR-10 pickle ({e})"
+            raise ValueError(f"{path}: {why}") from None
+        except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError) as e:
+            raise ValueError(f"{path}: truncated or not a CIFAR-10 pickle ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: expected a dict, got {type(d).__name__}")
     d = {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
     if "data" not in d or "labels" not in d:
-        raise ValueError(f"{path}: expected keys 'data' and 'labels', got {sorted(d)}")
-    rgb = np.asarray(d["data"], dtype=np.float64).reshape(-1, 3, 1024)
-    if rgb.shape[0] != len(d["labels"]):
-        raise ValueError(f"{path}: {rgb.shape[0]} images but {len(d['labels'])} labels")
-    grey = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]  # ITU-R 601 luma, as tf.image.rgb_to_grayscale
-    return np.clip(np.rint(grey), 0, 255).astype(np.uint8), np.asarray(d["labels"], dtype=np.int64)
+        raise ValueError(f"{path}: expected keys 'data' and 'labels', got {sorted(map(str, d))}")
+    data, labels = d["data"], d["labels"]
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
+        what = f"{data.dtype} array {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise ValueError(f"{path}: 'data' must be a uint8 array of shape (N, 3072), got a {what}")
+    if not (isinstance(labels, (list, np.ndarray)) and len(labels) == len(data)
+            and all(isinstance(y, (int, np.integer)) and 0 <= y <= 9 for y in labels)):
+        raise ValueError(f"{path}: 'labels' must be a flat list of {len(data)} ints 0-9")
+    return tf_grey(data.reshape(-1, 3, 1024)), np.asarray(labels, dtype=np.int64)
+
+
+def tf_grey(rgb):
+    """uint8 (N, 3, P) -> uint8 (N, P) exactly as LRA's tf.image.rgb_to_grayscale on uint8: to float32
+    (times 1/255), ITU-R 601 weights, back to uint8 by convert_image_dtype (times 255.5, truncated)."""
+    f = rgb.astype(np.float32) * np.float32(1 / 255)
+    w = np.array([0.2989, 0.5870, 0.1140], np.float32)
+    grey = f[:, 0] * w[0] + f[:, 1] * w[1] + f[:, 2] * w[2]
+    return np.clip(grey * np.float32(255.5), 0, 255).astype(np.uint8)
 
 
 def load_image(split, data_dir):
@@ -539,8 +575,12 @@ def pathfinder_folder(root, resolution=32, difficulty="contour_length_14"):
 
 
 def _read_png_grey(path):
+    """-> uint8 (H, W); a file that is not a readable PNG is an error naming it."""
     import matplotlib.image
-    x = matplotlib.image.imread(path)
+    try:
+        x = matplotlib.image.imread(path, format="png")
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable PNG, truncated or damaged ({type(e).__name__}: {e})") from None
     if x.ndim == 3:
         x = x[..., 0]
     if x.dtype != np.uint8:
@@ -552,17 +592,40 @@ def _metadata_lines(path):
     """The release's metadata/<batch>.npy files are text; np.save'd string arrays are read too."""
     with open(path, "rb") as f:
         raw = f.read()
-    if raw.startswith(b"\x93NUMPY"):
-        return [" ".join(map(str, row)) for row in np.load(io.BytesIO(raw), allow_pickle=False)]
-    return raw.decode("utf-8").split("\n")
+    try:
+        if raw.startswith(b"\x93NUMPY"):
+            return [" ".join(map(str, row)) for row in np.load(io.BytesIO(raw), allow_pickle=False)]
+        return raw.decode("utf-8").split("\n")
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not PathFinder metadata (text lines or a string array): {e}") from None
 
 
-def read_pathfinder_release(folder, progress=True):
-    """-> (uint8 images (N, R, R), labels (N,)) in metadata order."""
+def _inside(folder, rel):
+    """The path rel (from a metadata line) resolved under folder, or None if it leaves it."""
+    if os.path.isabs(rel):
+        return None
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, rel))
+    return path if os.path.commonpath([root, path]) == root else None
+
+
+def _release_resolution(folder):
+    """32 for .../pathfinder32/<difficulty>, None if the folder does not say."""
+    parent = os.path.basename(os.path.dirname(os.path.normpath(folder)))
+    return int(parent[len("pathfinder"):]) if parent.startswith("pathfinder") and parent[10:].isdigit() else None
+
+
+def read_pathfinder_release(folder, progress=True, resolution=None):
+    """-> (uint8 images (N, R, R), labels (N,)) in metadata order. R is the folder's
+    (pathfinder<R>), else the first image's. Refused with a line naming the file: image paths
+    outside the folder, labels other than 0/1, unreadable PNGs, images of another size.
+    Skipped: zero-byte PNGs (as TFDS; counted and said) and, at 32 px, the release's known
+    empty curv_baseline/imgs/0/sample_172.png."""
     from tqdm import tqdm
     meta_dir = os.path.join(folder, "metadata")
     if not os.path.isdir(meta_dir):
         raise _missing("PathFinder", meta_dir)
+    resolution = resolution or _release_resolution(folder)
     names = sorted((f for f in os.listdir(meta_dir) if f.endswith(".npy")),
                    key=lambda f: (len(f), f))  # 0.npy, 1.npy, ..., 10.npy
     entries = []
@@ -574,371 +637,54 @@ def read_pathfinder_release(folder, progress=True):
             fields = line.split(" ")
             if len(fields) < 4 or not fields[3].lstrip("-").isdigit():
                 raise _malformed(path, lineno, "expected '<subdir> <file> <index> <label> ...' separated by spaces")
+            if int(fields[3]) not in (0, 1):
+                raise _malformed(path, lineno, f"label {fields[3]} is not 0 or 1")
             rel = os.path.join(fields[0], fields[1])
-            if os.path.join(os.path.basename(folder), rel).replace(os.sep, "/") == EMPTY_IMAGE:
+            image = _inside(folder, rel)
+            if image is None:
+                raise _malformed(path, lineno, f"image path {rel!r} leaves the data folder {folder}")
+            if resolution == 32 and os.path.join(os.path.basename(os.path.normpath(folder)), rel).replace(os.sep, "/") == EMPTY_IMAGE:
                 continue
-            entries.append((os.path.join(folder, rel), int(fields[3])))
-    images = []
-    for path, _ in tqdm(entries, desc=f"reading {folder}", disable=not progress, unit="img"):
+            entries.append((image, int(fields[3])))
+    images, labels, empty = [], [], 0
+    size = f"pathfinder{resolution}" if resolution else None  # what the images must match
+    for path, label in tqdm(entries, desc=f"reading {folder}", disable=not progress, unit="img"):
         if not os.path.exists(path):
             raise _missing("PathFinder image listed in the metadata", path)
-        images.append(_read_png_grey(path))
-    labels = np.array([y for _, y in entries], dtype=np.int64)
-    return np.stack(images) if images else np.zeros((0, 0, 0), np.uint8), labels
+        if os.path.getsize(path) == 0:
+            empty += 1
+            continue
+        x = _read_png_grey(path)
+        if resolution is None:
+            resolution, size = x.shape[0], f"the first image ({x.shape[1]}x{x.shape[0]}); sizes are mixed"
+        if x.shape != (resolution, resolution):
+            raise ValueError(f"{path}: image is {x.shape[1]}x{x.shape[0]}, expected {resolution}x{resolution} for {size}")
+        images.append(x)
+        labels.append(label)
+    if empty:
+        print(f"data_lra: skipped {empty} empty (zero-byte) image(s) listed in {meta_dir}")
+    labels = np.array(labels, dtype=np.int64)
+    return np.stack(images) if images else np.zeros((0, resolution or 0, resolution or 0), np.uint8), labels
 
 
 # -----------------------------------------------------------------------------
-# PathFinder generator (Linsley et al. 2018, "snakes"; the LRA settings). A contour
-# is a chain of short dashes ("paddles"). Joints are (length + 2 margin) apart and
-# each paddle fills the middle of its step, leaving a margin-wide gap at both ends.
-# At every joint the direction turns by delta with weight cos^2(min(continuity |delta|,
-# pi/2)) among the turns whose paddle keeps its distance from everything drawn
-# (overlap rejected). Two target contours start seed_distance apart near the centre;
-# short distractor contours fill the rest. Two circle markers go on the origin tip of
-# one target and on the far tip of the same target (label 1) or of the other (label 0):
-# both classes mark one origin and one far tip.
-#
-# Two choices of ours, both so that the task is what it claims to be: (1) different
-# contours keep `spacing` more distance between them than the gap between the dashes of
-# one contour (the original used the same margin for both), so following a contour
-# through its gaps never jumps to another one (a flood fill then solves the task);
-# (2) positives and negatives are drawn with the same distribution of marker distance.
-#
-# Settings: the LRA pathfinder32 and Path-X (pathfinder128) generator arguments
-# (paddle length/thickness, margin, marker radius, seed distance, continuity, padding,
-# distractors = 20 (35) paddles in contours of length//3, contrast = snake x paddle
-# contrast); ours: aa (anti-aliasing factor), cells (collision grid per pixel), spacing.
-
-PATHFINDER_VERSION = 1
-PATHFINDER_PARAMS = {
-    32: dict(paddle_length=2, paddle_thickness=0.5, margins=(1,), marker_radius=1.5, seed_distance=7,
-             continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4, cells=2, spacing=1.5),
-    128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
-              continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2, cells=1, spacing=3),
-}
-
-
-def _params(resolution):
-    if resolution not in PATHFINDER_PARAMS:
-        raise ValueError(f"PathFinder resolution must be one of {list(PATHFINDER_PARAMS)}, got {resolution}")
-    return PATHFINDER_PARAMS[resolution]
-
-
-def _segment_distance(points, segs):
-    """Distance from points (..., 2) to segments (..., 4), broadcast against each other."""
-    px, py = points[..., 0], points[..., 1]
-    ax, ay, bx, by = segs[..., 0], segs[..., 1], segs[..., 2], segs[..., 3]
-    dx, dy = bx - ax, by - ay
-    t = np.clip(((px - ax) * dx + (py - ay) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
-    ex, ey = px - ax - t * dx, py - ay - t * dy
-    return np.sqrt(ex * ex + ey * ey)
-
-
-class _Rasters:
-    """Where new paddles may go, for a batch of images: a boolean "forbidden" map per
-    image on a grid `cells` times finer than the pixels (with a border, so stamps near
-    the edge need no bounds checks). Stamping a paddle forbids every cell within
-    `radius` of it; a candidate paddle is free if its two ends and middle fall on
-    allowed cells inside the image."""
-
-    def __init__(self, n, R, cells, lo, hi, border):
-        self.g, self.lo, self.hi, self.b = cells, lo, hi, int(np.ceil(border * cells)) + 1
-        self.W = R * cells + 2 * self.b
-        self.map = np.zeros(n * self.W * self.W, bool)  # flat (n, W, W)
-
-    def _flat(self, img, pts):
-        c = np.floor(pts * self.g).astype(np.int64) + self.b
-        return (img * self.W + c[..., 1]) * self.W + c[..., 0]
-
-    def stamp(self, img, segs, radius):
-        """Forbid the cells within radius of segs (k, 4) in images img (k,): a disk of
-        cells stamped at both ends and the middle of each paddle."""
-        if len(img) == 0:
-            return
-        pts = np.stack([segs[:, :2], (segs[:, :2] + segs[:, 2:]) / 2, segs[:, 2:]], 1)  # (k, 3, 2)
-        base = self._flat(img[:, None], pts)
-        self.map[base[:, :, None] + _disk_offsets(radius * self.g, self.W)[None, None]] = True
-
-    def free(self, img, segs):
-        """segs (k, K, 4) candidates of images img (k,) -> (k, K) free."""
-        a, b = segs[..., :2], segs[..., 2:]
-        pts = np.stack([a, (a + b) / 2, b], -2)  # (k, K, 3, 2)
-        ok = ((pts >= self.lo) & (pts <= self.hi)).all((-1, -2))
-        hit = self.map[self._flat(img[:, None, None], np.clip(pts, self.lo, self.hi))]
-        return ok & ~hit.any(-1)
-
-
-_DISKS = {}
-
-
-def _disk_offsets(radius, width):
-    """Flat offsets of the cells within radius (in cells) of a cell, in rows of width."""
-    if (radius, width) not in _DISKS:
-        r = int(np.ceil(radius))
-        dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
-        keep = dx ** 2 + dy ** 2 <= radius ** 2
-        _DISKS[radius, width] = (dy[keep] * width + dx[keep]).astype(np.int64)
-    return _DISKS[radius, width]
-
-
-def _turns(p, margin):
-    """The candidate turns at a joint and their continuity weights cos^2(min(c |turn|, pi/2)).
-    As in the original, one candidate per pixel of arc on the circle the next paddle ends on."""
-    n = int(round(2 * np.pi * (p["paddle_length"] + margin)))
-    turns = np.linspace(-np.pi, np.pi, n, endpoint=False)
-    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
-    return turns[weights > 1e-6], weights[weights > 1e-6]
-
-
-def _unit(angle):
-    return np.stack([np.cos(angle), np.sin(angle)], -1)
-
-
-class _Snakes:
-    """A batch of growing contours: last joint, direction, last paddle, tip."""
-
-    def __init__(self, tail, angle, L, m):
-        self.L, self.m = L, m
-        u = _unit(angle)
-        self.first = np.concatenate([tail, tail + L * u], -1)  # the seed paddle (k, 4)
-        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle, self.first.copy(), tail
-
-    def candidates(self, turns, rows):
-        """The paddles after each turn, for the given rows. -> (k, K, 4), angles (k, K)."""
-        angles = self.angle[rows, None] + turns[None]
-        u = _unit(angles)
-        j = self.joint[rows, None]
-        return np.concatenate([j + self.m * u, j + (self.m + self.L) * u], -1), angles
-
-    def step(self, rng, rows, cands, angles, ok, weights):
-        """Pick one free turn per row (continuity prior); rows without one fail. -> success mask."""
-        w = weights[None] * ok
-        total = w.sum(1)
-        alive = total > 0
-        pick = (np.cumsum(w, 1) < (rng.random(len(w)) * total)[:, None]).sum(1).clip(max=w.shape[1] - 1)
-        r = np.nonzero(alive)[0]
-        seg = cands[r, pick[r]]
-        self.last[rows[r]] = seg
-        self.angle[rows[r]] = angles[r, pick[r]]
-        self.joint[rows[r]] = seg[:, :2] + (self.L + self.m) * _unit(self.angle[rows[r]])
-        return alive
-
-
-def _pathfinder_geometry(rng, n_attempts, R, p, length):
-    """Grow pairs of target contours for n_attempts images at once; keep those that finish.
-    -> margin, target paddles (k, 2, length, 4), origins (k, 2, 2), ends (k, 2, 2)."""
-    margin = p["margins"][rng.integers(len(p["margins"]))]
-    L, t, sd = p["paddle_length"], p["paddle_thickness"], p["seed_distance"]
-    clear = 2 * margin + t + p["spacing"]  # centre lines of paddles that are not neighbours stay this far apart
-    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
-    turns, weights = _turns(p, margin)
-    n = n_attempts
-    # seeds: the first tail near the centre, the second seed_distance away
-    box = (2 * sd, R - 1 - 2 * sd) if R - 1 > 4 * sd else ((R - 1) / 2, (R - 1) / 2)
-    tail1 = rng.uniform(*box, (n, 2))
-    tail2 = tail1 + sd * _unit(rng.uniform(0, 2 * np.pi, n))
-    snakes = [_Snakes(tail1, rng.uniform(-np.pi, np.pi, n), L, margin),
-              _Snakes(tail2, rng.uniform(-np.pi, np.pi, n), L, margin)]
-    border = p["marker_radius"] + clear + 1  # the widest stamp
-    occupied = _Rasters(n, R, p["cells"], lo, hi, border)  # all paddles but each snake's newest
-    alive = np.ones(n, bool)
-    for s in snakes:
-        ends = s.first.reshape(n, 2, 2)
-        alive &= ((ends >= lo) & (ends <= hi)).all((1, 2))
-    keep_out = p["marker_radius"] + clear - t  # room for a marker at each tip, away from the other target
-    near = lambda cands, seg: _segment_distance(  # distance of candidates (k, K, 4) to one segment each (k, 4)
-        np.stack([cands[..., :2], (cands[..., :2] + cands[..., 2:]) / 2, cands[..., 2:]], -2), seg[:, None, None]).min(-1)
-    alive &= near(snakes[0].first[:, None], snakes[1].first)[:, 0] >= clear
-    for i in (0, 1):
-        alive &= _segment_distance(snakes[1 - i].origin, snakes[i].first) >= keep_out
-    paddles = [[s.first.copy()] for s in snakes]
-    for step in range(length - 1):
-        for i, s in enumerate(snakes):
-            other = snakes[1 - i]
-            r = np.nonzero(alive)[0]
-            cands, angles = s.candidates(turns, r)
-            ok = occupied.free(r, cands) & (near(cands, other.last[r]) >= clear)
-            ok &= _segment_distance(other.origin[r, None], cands) >= keep_out
-            if step == length - 2:  # the last paddle: its far tip needs room for a marker too
-                done = np.stack(paddles[1 - i], 1)[r]  # (k, m, 4)
-                ok &= _segment_distance(cands[:, :, None, 2:], done[:, None]).min(-1) >= keep_out
-                if i == 1:
-                    ok &= _segment_distance(other.last[r, None, 2:], cands) >= keep_out
-            previous = s.last[r].copy()
-            alive[r] &= s.step(rng, r, cands, angles, ok, weights)
-            keep = alive[r]
-            occupied.stamp(r[keep], previous[keep], clear)  # this snake's previous paddle now counts
-            paddles[i].append(s.last.copy())
-    segs = np.stack([np.stack(paddles[0], 1), np.stack(paddles[1], 1)], 1)  # (n, 2, length, 4)
-    origins = np.stack([s.origin for s in snakes], 1)  # (n, 2, 2)
-    ends = np.stack([s.last[:, 2:] for s in snakes], 1)
-    for i in (0, 1):  # the far tips were not known while growing: check them now
-        tips = np.stack([origins[:, i], ends[:, i]], 1)  # (n, 2, 2)
-        dist = _segment_distance(tips[:, :, None], segs[:, None, 1 - i])  # (n, 2, length)
-        alive &= dist.min((1, 2)) >= keep_out
-    return margin, segs[alive], origins[alive], ends[alive]
-
-
-def _add_distractors(rng, R, p, margin, segs, tips, n_snakes, length, tries=4):
-    """Short contours wherever they fit (a failed one is removed and retried). -> list of (k, 4) per image."""
-    n = len(segs)
-    L, t = p["paddle_length"], p["paddle_thickness"]
-    clear = 2 * margin + t + p["spacing"]
-    lo, hi = p["padding"] + t, R - 1 - p["padding"] - t
-    turns, weights = _turns(p, margin)
-    border = p["marker_radius"] + clear + 1  # the widest stamp
-    occ = _Rasters(n, R, p["cells"], lo, hi, border)
-    rows = np.arange(n)
-    flat = segs.reshape(n, -1, 4)
-    occ.stamp(np.repeat(rows, flat.shape[1]), flat.reshape(-1, 4), clear)
-    tip = tips.reshape(n, -1, 2)
-    occ.stamp(np.repeat(rows, tip.shape[1]), np.concatenate([tip, tip], -1).reshape(-1, 4),
-              p["marker_radius"] + clear - t)
-    out = [[] for _ in range(n)]
-    for _ in range(n_snakes):
-        todo = rows.copy()
-        for _ in range(tries + 1):
-            if len(todo) == 0:
-                break
-            k = len(todo)
-            s = _Snakes(rng.uniform(lo, hi, (k, 2)), rng.uniform(-np.pi, np.pi, k), L, margin)
-            ok = occ.free(todo, s.first[:, None])[:, 0]
-            local = _Rasters(k, R, p["cells"], lo, hi, border)  # this distractor's own paddles, one step late
-            placed, pending = [s.first.copy()], s.first.copy()
-            idx = np.arange(k)
-            for _ in range(length - 1):
-                r = np.nonzero(ok)[0]
-                cands, angles = s.candidates(turns, r)
-                free = occ.free(todo[r], cands) & local.free(r, cands)
-                ok[r] &= s.step(rng, r, cands, angles, free, weights)
-                r = np.nonzero(ok)[0]
-                local.stamp(idx[r], pending[r], clear)
-                pending = s.last.copy()
-                placed.append(s.last.copy())
-            placed = np.stack(placed, 1)  # (k, length, 4)
-            done = np.nonzero(ok)[0]
-            occ.stamp(np.repeat(todo[done], length), placed[done].reshape(-1, 4), clear)
-            for j in done:
-                out[todo[j]].append(placed[j])
-            todo = todo[~ok]
-    return [np.concatenate(o) if o else np.zeros((0, 4)) for o in out]
-
-
-def _render(R, p, segs_per_image, markers):
-    """Anti-aliased drawing of a batch: coverage on an aa-times finer grid, averaged down.
-    Paddles at the given contrast, the markers (radius marker_radius) at full white."""
-    aa, t, r = p["aa"], p["paddle_thickness"], p["marker_radius"]
-    n, H = len(segs_per_image), R * aa
-
-    def cover(img, segs, radius):
-        fine = np.zeros((n, H, H), bool)
-        if len(img) == 0:
-            return fine
-        w = int(np.ceil((np.abs(segs[:, 2:] - segs[:, :2]).max() + 2 * radius) * aa)) + 2
-        corner = np.floor((np.minimum(segs[:, :2], segs[:, 2:]) - radius) * aa).astype(int)
-        off = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="xy"), -1).reshape(-1, 2)
-        cell = corner[:, None, :] + off[None]
-        centre = (cell + 0.5) / aa - 0.5  # fine cell centres in pixel coordinates (pixel i covers i-0.5..i+0.5)
-        on = (_segment_distance(centre, segs[:, None, :]) <= radius) & (cell >= 0).all(-1) & (cell < H).all(-1)
-        k = np.broadcast_to(img[:, None], on.shape)[on]
-        c = cell[on]
-        fine[k, c[:, 1], c[:, 0]] = True
-        return fine
-
-    img = np.repeat(np.arange(n), [len(s) for s in segs_per_image])
-    lines = cover(img, np.concatenate(segs_per_image), t / 2)
-    dots = cover(np.repeat(np.arange(n), 2), np.concatenate([markers, markers], -1).reshape(-1, 4), r)
-    mean = lambda fine: fine.reshape(n, R, aa, R, aa).mean((2, 4))
-    image = np.maximum(mean(lines) * p["contrast"], mean(dots))
-    return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
-
-
-def pathfinder_batch(rng, labels, resolution=32, contour_length=14):
-    """Images for the given labels. -> uint8 (n, R, R), marker centres (n, 2, 2) as x, y.
-
-    Geometries are grown in bulk (most attempts fail: a contour hits a border or the
-    other one, and is redrawn). Each finished pair is offered as a positive (markers on
-    the tips of one target) or a negative (tips of different targets), and positives
-    and negatives are drawn in pairs from the same bin of marker distance, so that the
-    distance between the markers says nothing about the label."""
-    p = _params(resolution)
-    labels = np.asarray(labels)
-    n_pos, n_neg = int((labels == 1).sum()), int((labels == 0).sum())
-    need, bin_width = max(n_pos, n_neg), resolution / 32
-    geoms, tried = [], 0
-    while need:
-        matched = _distance_matched_pairs(geoms, bin_width)
-        if len(matched) >= need:
-            break
-        if tried > 1000 * (need + 100) and len(matched) < need:
-            raise RuntimeError(f"PathFinder{resolution}: contours of length {contour_length} hardly ever fit")
-        success = (len(matched) + 1) / (tried + 20)  # running estimate of matched pairs per attempt
-        attempts = int(min(4000, max(64, 1.3 * (need - len(matched)) / success)))
-        margin, segs, origins, ends = _pathfinder_geometry(rng, attempts, resolution, p, contour_length)
-        tried += attempts
-        k = len(segs)
-        i = rng.integers(2, size=k)  # which target carries the origin marker
-        positive = rng.integers(2, size=k)  # offered as a positive or as a negative
-        rows = np.arange(k)
-        markers = np.stack([origins[rows, i], ends[rows, np.where(positive == 1, i, 1 - i)]], 1)
-        geoms.append(dict(margin=np.full(k, margin), segs=segs, origins=origins, ends=ends,
-                          markers=markers, positive=positive))
-    if not need:
-        return np.zeros((0, resolution, resolution), np.uint8), np.zeros((0, 2, 2))
-    g = {key: np.concatenate([x[key] for x in geoms]) for key in geoms[0]}
-    pairs = matched[rng.permutation(len(matched))[:need]]
-    chosen = np.empty(len(labels), np.int64)
-    chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
-    images = np.zeros((len(labels), resolution, resolution), np.uint8)
-    d_len = max(contour_length // 3, 1)
-    n_distractors = p["distractor_paddles"] // d_len  # as num_distractor_snakes = 20 // distractor_length
-    for margin in np.unique(g["margin"][chosen]):
-        out = np.nonzero(g["margin"][chosen] == margin)[0]
-        idx = chosen[out]
-        tips = np.concatenate([g["origins"][idx], g["ends"][idx]], 1)
-        distract = _add_distractors(rng, resolution, p, margin, g["segs"][idx], tips, n_distractors, d_len)
-        all_segs = [np.concatenate([g["segs"][j].reshape(-1, 4), d]) for j, d in zip(idx, distract)]
-        images[out] = _render(resolution, p, all_segs, g["markers"][idx])
-    return images, g["markers"][chosen]
-
-
-def _distance_matched_pairs(geoms, bin_width):
-    """(positive, negative) index pairs with their marker distances in the same bin."""
-    if not geoms:
-        return np.zeros((0, 2), np.int64)
-    markers = np.concatenate([x["markers"] for x in geoms])
-    positive = np.concatenate([x["positive"] for x in geoms])
-    bins = np.floor(np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1) / bin_width).astype(int)
-    pairs = [np.zeros((0, 2), np.int64)]
-    for b in np.unique(bins):
-        pos = np.nonzero((bins == b) & (positive == 1))[0]
-        neg = np.nonzero((bins == b) & (positive == 0))[0]
-        m = min(len(pos), len(neg))
-        pairs.append(np.stack([pos[:m], neg[:m]], 1))
-    return np.concatenate(pairs)
-
-
-def pathfinder_image(rng, label, resolution=32, contour_length=14):
-    """One image. -> (uint8 (R, R), marker centres (2, 2) as x, y)."""
-    images, markers = pathfinder_batch(rng, [label], resolution, contour_length)
-    return images[0], markers[0]
-
+# PathFinder generator: pathfinder.py (numpy only, the original's rules and settings);
+# here it is run in parallel chunks, cached, and exported in the release layout.
 
 CHUNK = 250  # images per independently seeded chunk: the data do not depend on the number of workers
 
 
 def _pathfinder_chunk(args):
     seed, chunk, size, resolution, contour_length = args
-    rng = np.random.default_rng([seed, chunk])
-    labels = rng.permutation(np.arange(size) % 2)  # balanced labels
-    return pathfinder_batch(rng, labels, resolution, contour_length)[0], labels
+    return pathfinder.generate_chunk(seed, chunk, size, contour_length, resolution)
 
 
 def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32, workers=None, progress=True):
-    """-> uint8 images (n, R, R), int64 labels (n,), half of each label."""
+    """-> uint8 images (n, R, R), int64 labels (n,) (each drawn at random, as the original),
+    int64 paddle margin of each image (n,)."""
     from tqdm import tqdm
     length = DIFFICULTIES[_difficulty(difficulty)][1]
-    _params(resolution)
+    pathfinder.params(resolution)
     jobs = [(seed, c, min(CHUNK, n - c * CHUNK), resolution, length) for c in range((n + CHUNK - 1) // CHUNK)]
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     bar = tqdm(total=n, desc=f"pathfinder{resolution} {difficulty}", disable=not progress, unit="img")
@@ -955,68 +701,82 @@ def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32
                 bar.update(len(part[1]))
     bar.close()
     if not parts:
-        return np.zeros((0, resolution, resolution), np.uint8), np.zeros(0, np.int64)
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.int64)
+        return np.zeros((0, resolution, resolution), np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+
+
+def _pathfinder_key(n, seed, difficulty, resolution):
+    """What a cached file must have been made with; the generator's VERSION is part of it,
+    so a cache from an older generator is never read as new."""
+    return dict(version=pathfinder.VERSION, seed=seed, n=n, difficulty=difficulty, resolution=resolution)
 
 
 def generated_pathfinder_path(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32):
     folder = DIFFICULTIES[_difficulty(difficulty)][0]
-    return os.path.join(data_dir, "generated", f"pathfinder{resolution}-{folder}-v{PATHFINDER_VERSION}-seed{seed}-n{n}.npz")
+    return os.path.join(data_dir, "generated", f"pathfinder{resolution}-{folder}-v{pathfinder.VERSION}-seed{seed}-n{n}.npz")
 
 
 def _load_npz(path, key):
-    """Cached images and labels, or None if missing, stale or damaged."""
+    """Cached arrays (images, labels, margins if saved), or None if missing, stale or damaged."""
     sidecar = path + ".json"
     if not _cache_ok(sidecar, key, [path]):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            images, labels = z["images"], z["labels"]
+            arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError):
         return None
-    R = key["resolution"]
-    if images.shape != (key["n"], R, R) or labels.shape != (key["n"],):
+    R, n = key["resolution"], key["n"]
+    if arrays.get("images", np.zeros(0)).shape != (n, R, R) or any(
+            arrays.get(k, np.zeros(n)).shape != (n,) for k in ("labels", "margins")):
         return None
-    return images, labels
+    return arrays
 
 
-def _save_npz(path, key, images, labels):
+def _save_npz(path, key, **arrays):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, images=images.astype(np.uint8), labels=labels.astype(np.int64))
+        np.savez(f, **arrays)
     os.replace(tmp, path)
     _write_sidecar(path + ".json", key, [path])
 
 
-def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32, progress=True):
-    """Generated PathFinder from the cache, generating it once if needed. -> images, labels."""
+def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32, progress=True,
+                      with_margins=False):
+    """Generated PathFinder from the cache, generating it once if needed.
+    -> images, labels (and each image's paddle margin if with_margins)."""
     difficulty = _difficulty(difficulty)
     path = generated_pathfinder_path(data_dir, n, seed, difficulty, resolution)
-    key = dict(version=PATHFINDER_VERSION, seed=seed, n=n, difficulty=difficulty, resolution=resolution)
+    key = _pathfinder_key(n, seed, difficulty, resolution)
     cached = _load_npz(path, key)
-    if cached is not None:
-        return cached
-    print(f"data_lra: generating PathFinder{resolution} {difficulty} (n={n}, seed={seed}) into {path} (once; cached for later runs)")
-    images, labels = generate_pathfinder(n, seed, difficulty, resolution, progress=progress)
-    _save_npz(path, key, images, labels)
-    return images, labels
+    if cached is None or "margins" not in cached:
+        print(f"data_lra: generating PathFinder{resolution} {difficulty} (n={n}, seed={seed}, generator "
+              f"v{pathfinder.VERSION}) into {path} (once; cached for later runs)")
+        images, labels, margins = generate_pathfinder(n, seed, difficulty, resolution, progress=progress)
+        cached = dict(images=images.astype(np.uint8), labels=labels.astype(np.int64), margins=margins.astype(np.int64))
+        _save_npz(path, key, **cached)
+    out = (cached["images"], cached["labels"])
+    return out + (cached["margins"],) if with_margins else out
 
 
-def export_pathfinder_lra(folder, images, labels, batch_size=1000, contour_length=14, resolution=32):
-    """Write the official layout: <folder>/imgs/<b>/sample_<i>.png and <folder>/metadata/<b>.npy,
-    whose text lines read 'imgs/<b> sample_<i>.png <i> <label> <continuity> <contour length> ...'."""
+def export_pathfinder_lra(folder, images, labels, margins=None, batch_size=1000, contour_length=14, resolution=32):
+    """Write the official layout: <folder>/imgs/<b>/sample_<i>.png and <folder>/metadata/<b>.npy, whose
+    text lines read 'imgs/<b> sample_<i>.png <i> <label> <continuity> <contour length> <distractor length>
+    <paddle length> <paddle thickness> <margin> 1'. As snakes2.py, each batch numbers its samples from 0;
+    margin is each image's own (margins (n,); None: the resolution's first margin)."""
     import matplotlib.image
     from tqdm import tqdm
-    p = _params(resolution)
+    p = pathfinder.params(resolution)
+    margins = np.full(len(labels), p["margins"][0]) if margins is None else np.asarray(margins)
     for b in tqdm(range((len(labels) + batch_size - 1) // batch_size), desc=f"export {folder}", unit="batch"):
         os.makedirs(os.path.join(folder, "imgs", str(b)), exist_ok=True)
         lines = []
-        for i in range(b * batch_size, min((b + 1) * batch_size, len(labels))):
+        for i, j in enumerate(range(b * batch_size, min((b + 1) * batch_size, len(labels)))):
             name = f"sample_{i}.png"
-            matplotlib.image.imsave(os.path.join(folder, "imgs", str(b), name), images[i], cmap="gray", vmin=0, vmax=255)
-            lines.append(f"imgs/{b} {name} {i} {int(labels[i])} {p['continuity']} {contour_length} "
-                         f"{contour_length // 3} {p['paddle_length']} {p['paddle_thickness']} {p['margins'][0]} 1\n")
+            matplotlib.image.imsave(os.path.join(folder, "imgs", str(b), name), images[j], cmap="gray", vmin=0, vmax=255)
+            lines.append(f"imgs/{b} {name} {i} {int(labels[j])} {p['continuity']} {contour_length} "
+                         f"{contour_length // 3} {p['paddle_length']} {p['paddle_thickness']} {int(margins[j])} 1\n")
         _atomic_write_text(os.path.join(folder, "metadata", f"{b}.npy"), "".join(lines))
 
 
@@ -1030,7 +790,7 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
     for r, d in enumerate(difficulties):
         length = DIFFICULTIES[_difficulty(d)][1]
         labels = np.arange(per_difficulty) % 2
-        images, _ = pathfinder_batch(np.random.default_rng([seed, r]), labels, resolution, length)
+        images, _ = pathfinder.pathfinder_batch(np.random.default_rng([seed, r]), labels, resolution, length)
         for ax, image, label in zip(axes[r], images, labels):
             ax.imshow(image, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
             ax.set_title(f"{'connected' if label else 'apart'} ({label})", fontsize=8)
@@ -1057,11 +817,11 @@ def _cached_release(folder, data_dir, resolution, progress=True):
             key["n"] = json.load(f).get("key", {}).get("n")
         cached = _load_npz(path, key) if key["n"] is not None else None
         if cached is not None:
-            return cached
-    images, labels = read_pathfinder_release(folder, progress)
+            return cached["images"], cached["labels"]
+    images, labels = read_pathfinder_release(folder, progress, resolution)
     key["n"] = len(labels)
     if images.shape[1:] == (resolution, resolution):
-        _save_npz(path, key, images, labels)
+        _save_npz(path, key, images=images, labels=labels)
     return images, labels
 
 
@@ -1183,14 +943,14 @@ def main(argv):
         if cfg["generate"]:
             n = cfg["n"] or 200_000
             t0 = time.time()
-            images, labels = ensure_pathfinder(data_dir, n, seed, difficulty, R)
+            images, labels, margins = ensure_pathfinder(data_dir, n, seed, difficulty, R, with_margins=True)
             print(f"data_lra: {len(labels)} images {images.shape[1:]} ({labels.mean():.3f} positive) "
                   f"at {generated_pathfinder_path(data_dir, n, seed, difficulty, R)} in {time.time() - t0:.1f}s")
             if cfg["format"] == "lra":
                 folder = pathfinder_folder(data_dir, R, difficulty)
                 if os.path.exists(folder):
                     raise SystemExit(f"data_lra.py: {folder} exists; not overwriting it")
-                export_pathfinder_lra(folder, images, labels, contour_length=DIFFICULTIES[difficulty][1], resolution=R)
+                export_pathfinder_lra(folder, images, labels, margins, contour_length=DIFFICULTIES[difficulty][1], resolution=R)
                 print(f"data_lra: exported the official layout to {folder}")
     elif task == "listops":
         if cfg["generate"]:

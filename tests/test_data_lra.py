@@ -95,6 +95,13 @@ def test_listops_malformed_row_names_file_and_line(tmp_path):
         D.load_task("listops", "train", str(tmp_path), data_source="release")
 
 
+def test_listops_header_only_file_names_the_file(tmp_path):
+    folder = write_listops(tmp_path)
+    (folder / "basic_val.tsv").write_text("Source\tTarget\n")
+    with pytest.raises(ValueError, match=r"basic_val\.tsv: has the header but no rows"):
+        D.load_task("listops", "val", str(tmp_path), data_source="release")
+
+
 @pytest.mark.parametrize("expr, value", [
     ("[MAX 2 9 ]", 9), ("[MIN 4 2 7 ]", 2), ("[MED 1 5 3 ]", 3), ("[MED 1 2 3 4 ]", 2),  # int(2.5)
     ("[MED 9 8 ]", 8), ("[SM 5 7 9 ]", 1), ("[MAX [MIN 3 5 ] [SM 9 9 ] 4 ]", 8),
@@ -262,9 +269,56 @@ def test_cifar_unpickler_refuses_code_execution(tmp_path):
     witness = tmp_path / "pwned"
     with open(folder / "data_batch_3", "wb") as f:
         pickle.dump({b"labels": [0], b"data": Exploit(witness)}, f, protocol=2)
-    with pytest.raises(pickle.UnpicklingError, match="refusing to load global .*system"):
+    with pytest.raises(ValueError, match="data_batch_3: refusing to load global .*system"):
         D.load_task("image", "train", str(tmp_path))
     assert not witness.exists()
+
+
+def test_cifar_grey_rounds_as_tensorflow():
+    """tf.image.rgb_to_grayscale on uint8 truncates grey * 255.5; rounding grey * 255 differs."""
+    rgb = np.zeros((1, 3, 1024), np.uint8)
+    rgb[0, 1] = 255  # pure green: 0.587 * 255.5 = 149.98 -> 149 (rint(0.587 * 255) would be 150)
+    rgb[0, :, :1] = 255  # white: 0.9999 * 255.5 -> 255
+    grey = D.tf_grey(rgb)
+    assert grey[0, 0] == 255 and (grey[0, 1:] == 149).all()
+
+
+def test_cifar_truncated_pickle_names_the_file(tmp_path):
+    folder = write_cifar(tmp_path)
+    data = (folder / "data_batch_2").read_bytes()
+    (folder / "data_batch_2").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"data_batch_2: truncated or not a CIFAR-10 pickle"):
+        D.load_task("image", "train", str(tmp_path))
+    (folder / "data_batch_2").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"data_batch_2: truncated"):
+        D.load_task("image", "train", str(tmp_path))
+
+
+def test_cifar_nested_lists_are_refused_before_they_expand(tmp_path):
+    folder = write_cifar(tmp_path)
+    x = [1.0] * 16
+    for _ in range(4):
+        x = [x] * 16  # 16^5 = 1M floats from a pickle of a few hundred bytes (shared references)
+    with open(folder / "data_batch_4", "wb") as f:
+        pickle.dump({b"labels": [0], b"data": x}, f, protocol=2)
+    assert os.path.getsize(folder / "data_batch_4") < 400
+    with pytest.raises(ValueError, match=r"data_batch_4: 'data' must be a uint8 array of shape \(N, 3072\), got a list"):
+        D.load_task("image", "train", str(tmp_path))
+
+
+def test_cifar_pickle_over_the_size_bound_is_refused(tmp_path, monkeypatch):
+    write_cifar(tmp_path)
+    monkeypatch.setattr(D, "MAX_CIFAR_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"data_batch_1: \d+ bytes, more than the 1000 .* not unpickled"):
+        D.load_task("image", "train", str(tmp_path))
+
+
+def test_cifar_labels_must_match_the_images(tmp_path):
+    folder = write_cifar(tmp_path)
+    with open(folder / "data_batch_5", "wb") as f:
+        pickle.dump({b"labels": [0, 12], b"data": np.zeros((2, 3072), np.uint8)}, f, protocol=2)
+    with pytest.raises(ValueError, match=r"data_batch_5: 'labels' must be a flat list of 2 ints 0-9"):
+        D.load_task("image", "train", str(tmp_path))
 
 
 # -----------------------------------------------------------------------------
@@ -331,16 +385,31 @@ def test_collate_pads_variable_lengths_and_marks_only_the_padding(tmp_path):
 
 
 def test_pathfinder_export_is_read_back_identically_by_the_release_loader(tmp_path):
-    images, labels = D.ensure_pathfinder(str(tmp_path), n=40, seed=0, difficulty="baseline", progress=False)
+    images, labels, margins = D.ensure_pathfinder(str(tmp_path), n=40, seed=0, difficulty="baseline",
+                                                  progress=False, with_margins=True)
     folder = D.pathfinder_folder(str(tmp_path), 32, "baseline")
-    D.export_pathfinder_lra(folder, images, labels, batch_size=15, contour_length=6)
+    D.export_pathfinder_lra(folder, images, labels, margins, batch_size=15, contour_length=6)
     assert sorted(os.listdir(os.path.join(folder, "metadata"))) == ["0.npy", "1.npy", "2.npy"]
+    # as snakes2.py: each batch numbers its samples from 0, and the margin column is the image's own
+    assert sorted(os.listdir(os.path.join(folder, "imgs", "2"))) == [f"sample_{i}.png" for i in range(10)]
+    with open(os.path.join(folder, "metadata", "1.npy")) as f:
+        first = f.readline().split()
+    assert first[:4] == ["imgs/1", "sample_0.png", "0", str(labels[15])] and first[9] == str(margins[15])
     for split in ("train", "val", "test"):
         gen = D.load_task("pathfinder", split, str(tmp_path), difficulty="baseline", n=40, data_source="generated", progress=False)
         rel = D.load_task("pathfinder", split, str(tmp_path), difficulty="baseline", data_source="release", progress=False)
         assert len(gen) == len(rel) > 0
         for i in range(len(gen)):
             assert torch.equal(gen[i][0], rel[i][0]) and gen[i][1] == rel[i][1]
+
+
+def test_pathfinder_export_writes_each_images_margin_at_128():
+    margins = np.array([2, 3, 3])
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        D.export_pathfinder_lra(d, np.zeros((3, 128, 128), np.uint8), np.array([0, 1, 0]), margins, resolution=128)
+        with open(os.path.join(d, "metadata", "0.npy")) as f:
+            assert [line.split()[9] for line in f] == ["2", "3", "3"]
 
 
 def test_pathfinder_release_decoded_once_then_cached(tmp_path, monkeypatch):
@@ -356,74 +425,80 @@ def test_pathfinder_release_decoded_once_then_cached(tmp_path, monkeypatch):
     assert len(first) == len(again) == 16 and torch.equal(first[0][0], again[0][0])
 
 
-def test_pathfinder_release_reader_greyscale_png_skip_empty_and_malformed(tmp_path):
+def write_release(root, rows, resolution=32, difficulty="curv_baseline"):
+    """A release folder with one metadata file; rows: (index, label, image or bytes or None)."""
     from PIL import Image
-    folder = tmp_path / "pathfinder32" / "curv_baseline"
-    (folder / "imgs" / "0").mkdir(parents=True)
-    (folder / "metadata").mkdir()
+    folder = root / f"pathfinder{resolution}" / difficulty
+    (folder / "imgs" / "0").mkdir(parents=True, exist_ok=True)
+    (folder / "metadata").mkdir(exist_ok=True)
     lines = []
-    for i in range(173):
-        if i in (3, 172):
-            img = np.full((32, 32), 0 if i == 172 else 200, np.uint8)
-            Image.fromarray(img, mode="L").save(folder / "imgs" / "0" / f"sample_{i}.png")
-            lines.append(f"imgs/0 sample_{i}.png {i} {int(i == 3)} 1.0 6 2 2 0.5 1 1")
+    for i, label, content in rows:
+        target = folder / "imgs" / "0" / f"sample_{i}.png"
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        elif content is not None:
+            Image.fromarray(content, mode="L").save(target)
+        lines.append(f"imgs/0 sample_{i}.png {i} {label} 1.0 6 2 2 0.5 1 1")
     (folder / "metadata" / "0.npy").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def grey(value, size=32):
+    return np.full((size, size), value, np.uint8)
+
+
+def test_pathfinder_release_reader_greyscale_png_skip_empty_and_malformed(tmp_path, capsys):
+    folder = write_release(tmp_path, [(3, 1, grey(200)), (172, 0, grey(0)), (5, 0, b"")])
     images, labels = D.read_pathfinder_release(str(folder), progress=False)
-    assert images.shape == (1, 32, 32) and (images == 200).all() and labels.tolist() == [1]  # 172 skipped
+    assert images.shape == (1, 32, 32) and (images == 200).all() and labels.tolist() == [1]  # 172 and the empty one skipped
+    assert "skipped 1 empty" in capsys.readouterr().out
     (folder / "metadata" / "0.npy").write_text("imgs/0 sample_3.png\n")
     with pytest.raises(ValueError, match=r"0\.npy, line 1"):
         D.read_pathfinder_release(str(folder), progress=False)
 
 
-def test_pathfinder_generator_images_labels_and_markers():
-    rng = np.random.default_rng(0)
-    labels = np.arange(40) % 2
-    images, markers = D.pathfinder_batch(rng, labels, 32, 14)
-    assert images.shape == (40, 32, 32) and images.dtype == np.uint8 and markers.shape == (40, 2, 2)
-    assert (images.max((1, 2)) == 255).all()  # the markers are full white
-    lit = (images > 20).mean((1, 2))
-    assert (lit > 0.08).all() and (lit < 0.5).all()  # thin contours on black
-    for img, m in zip(images, markers):  # each marker sits on a bright blob
-        for x, y in np.rint(m).astype(int):
-            assert img[y, x] > 150
+def test_pathfinder_known_empty_image_is_skipped_only_at_32(tmp_path):
+    folder = write_release(tmp_path, [(3, 1, grey(200, 128)), (172, 0, grey(9, 128))], resolution=128)
+    images, labels = D.read_pathfinder_release(str(folder), progress=False)
+    assert labels.tolist() == [1, 0] and images[1].max() == 9
 
 
-def test_pathfinder_flood_fill_solver_agrees_with_labels():
-    rng = np.random.default_rng(1)
-    labels = rng.permutation(np.arange(200) % 2)
-    images, markers = D.pathfinder_batch(rng, labels, 32, 14)
-    agree = (flood_fill_connected(images, markers) == labels).mean()
-    assert agree >= 0.9, agree
+@pytest.mark.parametrize("rel", ["../../../secret.png", "/etc/passwd"])
+def test_pathfinder_metadata_path_outside_the_data_folder_is_refused(tmp_path, rel):
+    folder = write_release(tmp_path, [(3, 1, grey(200))])
+    (tmp_path / "secret.png").write_bytes(b"x")
+    subdir, name = os.path.split(rel)
+    (folder / "metadata" / "0.npy").write_text(f"{subdir} {name} 0 1 1.0 6 2 2 0.5 1 1\n")
+    with pytest.raises(ValueError, match=r"0\.npy, line 1: image path .* leaves the data folder"):
+        D.read_pathfinder_release(str(folder), progress=False)
 
 
-def assert_no_shortcut(seed, n, contour_length):
-    """Neither the raw pixels nor the marker distance predict the label held out."""
-    rng = np.random.default_rng(seed)
-    labels = rng.permutation(np.arange(n) % 2)
-    images, markers = D.pathfinder_batch(rng, labels, 32, contour_length)
-    assert held_out_accuracy(images.reshape(n, -1) / 255.0, labels) <= 0.6
-    dist = np.linalg.norm(markers[:, 0] - markers[:, 1], axis=1)
-    assert held_out_accuracy(np.stack([dist, dist ** 2], 1) / 30, labels, lam=1e-3) <= 0.6
-    return images, markers, labels
+def test_pathfinder_label_other_than_0_or_1_is_refused(tmp_path):
+    folder = write_release(tmp_path, [(3, 1, grey(200)), (4, 2, grey(200))])
+    with pytest.raises(ValueError, match=r"0\.npy, line 2: label 2 is not 0 or 1"):
+        D.read_pathfinder_release(str(folder), progress=False)
 
 
-def test_pathfinder_no_linear_or_marker_distance_shortcut_baseline():
-    images, markers, labels = assert_no_shortcut(seed=2, n=1200, contour_length=6)
-    # and the same solver that checks the labels does see the task
-    assert (flood_fill_connected(images[:300], markers[:300]) == labels[:300]).mean() >= 0.9
+def test_pathfinder_wrong_size_and_mixed_sizes_are_refused(tmp_path):
+    folder = write_release(tmp_path, [(3, 1, grey(200, 64))])
+    with pytest.raises(ValueError, match=r"sample_3\.png: image is 64x64, expected 32x32 for pathfinder32"):
+        D.read_pathfinder_release(str(folder), progress=False)
+    other = write_release(tmp_path / "x", [(3, 1, grey(200, 32)), (4, 0, grey(200, 40))], difficulty="curv_baseline")
+    with pytest.raises(ValueError, match=r"sample_4\.png: image is 40x40, expected 32x32"):
+        D.read_pathfinder_release(str(other), progress=False, resolution=None)
+    os.rename(tmp_path / "x" / "pathfinder32", tmp_path / "x" / "unnamed")  # the folder no longer says 32
+    with pytest.raises(ValueError, match=r"sample_4\.png: image is 40x40, expected 32x32 for the first image .*mixed"):
+        D.read_pathfinder_release(str(tmp_path / "x" / "unnamed" / "curv_baseline"), progress=False)
 
 
-@pytest.mark.slow
-def test_pathfinder_no_shortcut_contour_length_14():
-    assert_no_shortcut(seed=3, n=2000, contour_length=14)
-
-
-def test_pathfinder_generation_is_deterministic_and_worker_independent():
-    a, la = D.generate_pathfinder(60, seed=5, difficulty="baseline", workers=1, progress=False)
-    b, lb = D.generate_pathfinder(60, seed=5, difficulty="baseline", workers=2, progress=False)
-    c, _ = D.generate_pathfinder(60, seed=6, difficulty="baseline", workers=1, progress=False)
-    assert np.array_equal(a, b) and np.array_equal(la, lb) and not np.array_equal(a, c)
-    assert la.sum() == 30  # balanced
+def test_pathfinder_truncated_png_names_the_file(tmp_path):
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(grey(200), mode="L").save(buf, format="png")
+    folder = write_release(tmp_path, [(3, 1, buf.getvalue()[:40])])
+    with pytest.raises(ValueError, match=r"sample_3\.png: not a readable PNG"):
+        D.read_pathfinder_release(str(folder), progress=False)
 
 
 def test_pathfinder_cache_reused_and_stale_or_truncated_cache_regenerated(tmp_path, monkeypatch, capsys):
@@ -444,14 +519,36 @@ def test_pathfinder_cache_reused_and_stale_or_truncated_cache_regenerated(tmp_pa
         f.truncate(os.path.getsize(path) // 2)
     D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", n=30, progress=False)
     assert "generating" in capsys.readouterr().out
-    with open(path + ".json") as f:  # stale: written by another version
+    with open(path + ".json") as f:  # stale: its key names another version
         meta = f.read()
+    version = f'"version": {D.pathfinder.VERSION}'
+    assert version in meta
     with open(path + ".json", "w") as f:
-        f.write(meta.replace('"version": 1', '"version": 0'))
+        f.write(meta.replace(version, '"version": 1'))
     again = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", n=30, progress=False)
     assert "generating" in capsys.readouterr().out
     assert all(torch.equal(x, again[i][0]) for i, x in enumerate(first))
     assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp" in f]  # atomic writes leave no temp files
+
+
+def test_pathfinder_cache_key_changes_with_the_generator_version(tmp_path, monkeypatch, capsys):
+    D.ensure_pathfinder(str(tmp_path), n=10, difficulty="baseline", progress=False)
+    old = D.generated_pathfinder_path(str(tmp_path), 10, 0, "baseline", 32)
+    capsys.readouterr()
+    monkeypatch.setattr(D.pathfinder, "VERSION", D.pathfinder.VERSION + 1)
+    new = D.generated_pathfinder_path(str(tmp_path), 10, 0, "baseline", 32)
+    assert new != old and f"-v{D.pathfinder.VERSION}-" in new
+    monkeypatch.setattr(D, "generated_pathfinder_path", lambda *a: old)  # even under the old file name
+    D.ensure_pathfinder(str(tmp_path), n=10, difficulty="baseline", progress=False)
+    assert "generating PathFinder32" in capsys.readouterr().out  # the old cache is not read as new
+
+
+def test_pathfinder_generation_is_deterministic_and_worker_independent():
+    a, la, ma = D.generate_pathfinder(60, seed=5, difficulty="baseline", workers=1, progress=False)
+    b, lb, mb = D.generate_pathfinder(60, seed=5, difficulty="baseline", workers=2, progress=False)
+    c, _, _ = D.generate_pathfinder(60, seed=6, difficulty="baseline", workers=1, progress=False)
+    assert np.array_equal(a, b) and np.array_equal(la, lb) and np.array_equal(ma, mb) and not np.array_equal(a, c)
+    assert 10 < la.sum() < 50 and set(ma) == {1}  # labels drawn at random, as the original
 
 
 def test_pathfinder_fixed_length_collate_and_facts(tmp_path):
@@ -462,22 +559,8 @@ def test_pathfinder_fixed_length_collate_and_facts(tmp_path):
     assert int(tokens.max()) <= 255
 
 
-def test_pathx_is_128_by_128(tmp_path):
-    images, markers = D.pathfinder_batch(np.random.default_rng(0), [0, 1], 128, 6)
-    assert images.shape == (2, 128, 128) and (images.max((1, 2)) == 255).all()
-    assert D.PATHFINDER_PARAMS[128]["paddle_length"] > D.PATHFINDER_PARAMS[32]["paddle_length"]
-
-
 def test_sample_grid_is_written(tmp_path):
     path = D.save_sample_grid(str(tmp_path / "grid.png"), 32, per_difficulty=2)
     import matplotlib.image
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 100 and img.shape[1] > 100
-
-
-@pytest.mark.slow
-def test_pathx_flood_fill_solver_agrees_with_labels():
-    rng = np.random.default_rng(4)
-    labels = rng.permutation(np.arange(100) % 2)
-    images, markers = D.pathfinder_batch(rng, labels, 128, 14)
-    assert (flood_fill_connected(images, markers, threshold=60, reach=6.5) == labels).mean() >= 0.9
