@@ -107,7 +107,6 @@ def main():
     run("train_flt.py", flt + ["--out_dir=flt_lr", "--stop_step=2"], work)
     rc, o = run("train_flt.py", flt + ["--out_dir=flt_lr", "--init_from=resume", "--lr=1e-4"], work)
     lr = json.load(open("flt_lr/config.json")).get("lr") if os.path.exists("flt_lr/config.json") else None
-    lrs = [json.loads(l).get("lr") for l in open("flt_lr/log.jsonl") if '"loss"' in l]
     results["flt resume with a lower --lr"] = classify(rc, o, expect_error=False, wrong=lr != 1e-4 or rc != 0)
     run("train_spt.py", SPT + ["--out_dir=spt_lr", "--ckpt_every=2", "--halt_after_steps=6"], work)
     rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=spt_lr", "--init_from=resume", "--lr=1e-4"], work)
