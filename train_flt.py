@@ -84,13 +84,17 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import training
+from data_lra import LISTOPS_OPS, listops_value
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
 out_dir = "out/flt"
-data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes),
-                         # a text file (bytes), or a folder with train.bin/val.bin (uint16 ids)
+data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes), "listops" (expressions
+                         # and their values, loss on the answers), a text file (bytes), or a folder with
+                         # train.bin/val.bin (uint16 ids)
+listops_depth = 3        # listops only: nesting depth of the expressions
+listops_examples = 20000 # listops only: distinct training expressions (plus 2,000 for val)
 data_dir = "data/stdlib_docstrings"   # where the stdlib corpus is cached
 vocab_size = 256         # only for train.bin/val.bin folders; byte data always uses 256
 # model (looped.py)
@@ -177,6 +181,9 @@ def check_config(C, argv):
     for key in set(explicit) & {"embedding_lr", "unembedding_lr"}:
         if C.optim != "muon":
             raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={C.optim} --lr sets every lr")
+    for key in set(explicit) & {"listops_depth", "listops_examples"}:
+        if C.data != "listops":
+            raise ValueError(f"--{key} applies only to --data=listops; leave it out")
     if "data_dir" in explicit and C.data != "stdlib":
         raise ValueError("--data_dir is where the stdlib corpus is cached; it does not apply to "
                          f"--data={C.data}; leave it out")
@@ -252,8 +259,43 @@ def _sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def listops_expression(rng, depth):
+    """A random ListOps expression (tokens of data_lra.py's ListOps, parens left
+    out): an operator over 2 or 3 arguments, each a digit or, while depth > 1,
+    with probability 1/2 a nested expression."""
+    args = [listops_expression(rng, depth - 1) if depth > 1 and rng.random() < 0.5 else [str(rng.integers(10))]
+            for _ in range(rng.integers(2, 4))]
+    return [LISTOPS_OPS[rng.integers(len(LISTOPS_OPS))], *sum(args, []), "]"]
+
+
+def listops_corpus(n, depth, block_size, seed=0):
+    """n distinct expressions written as text, then '=', then their value, e.g.
+    '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
+    bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
+    is the answer digit. So the loss, and the accuracy, read the answer only: how
+    well the model evaluates the expression, a computation more loops can help."""
+    rng, seen, rows = np.random.default_rng(seed), set(), []
+    for _ in tqdm(range(50 * n), desc="listops", leave=False):
+        tokens = listops_expression(rng, depth)
+        text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
+        if len(text) <= block_size + 1 and text not in seen:
+            seen.add(text)
+            xy = np.full((2, block_size), -1, dtype=np.int64)
+            xy[0] = ord(" ")
+            xy[0, :len(text) - 1] = list(text[:-1])
+            xy[1, len(text) - 2] = text[-1]                   # the target after '=' is the value
+            rows.append(xy)
+            if len(rows) == n:
+                return np.stack(rows)
+    raise ValueError(f"only {len(rows)} distinct ListOps expressions of depth {depth} fit block_size={block_size}; "
+                     f"ask for fewer (--listops_examples) or raise --block_size or --listops_depth")
+
+
 def load_data(C):
-    """(train, val, vocab_size, is_bytes) for --data=stdlib | file.txt | DIR."""
+    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR."""
+    if C.data == "listops":
+        rows = listops_corpus(C.listops_examples + 2000, C.listops_depth, C.block_size)
+        return rows[2000:], rows[:2000], 256, False
     if C.data == "stdlib":
         train, val = prepare_stdlib(C.data_dir)
         return train, val, 256, True
@@ -284,8 +326,12 @@ def load_data(C):
 def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
     """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
     by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
-    the same call always gives the same batch, which makes resume exact."""
+    the same call always gives the same batch, which makes resume exact. ListOps
+    data (n, 2, block_size) gives C.batch_size of its rows instead."""
     rng = np.random.default_rng([C.seed, step, micro, rank, stream])
+    if data.ndim == 3:
+        xy = torch.from_numpy(data[rng.integers(0, len(data), size=C.batch_size)])
+        return xy[:, 0].to(device), xy[:, 1].to(device)
     ix = rng.integers(0, len(data) - C.block_size - 1, size=C.batch_size)
     xy = torch.from_numpy(np.stack([np.asarray(data[i:i + C.block_size + 1], dtype=np.int64) for i in ix]))
     x, y = xy[:, :-1], xy[:, 1:]
@@ -295,24 +341,33 @@ def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
 
 
 def unigram_entropy(data, vocab):
-    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free model."""
-    counts = np.bincount(np.asarray(data[:10_000_000]), minlength=vocab).astype(np.float64)
+    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free model
+    (for ListOps, of the answers)."""
+    data = data[:, 1][data[:, 1] >= 0] if data.ndim == 3 else data[:10_000_000]
+    counts = np.bincount(np.asarray(data), minlength=vocab).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
 @torch.no_grad()
-def eval_loop_losses(model, val, C, rt, n_loops):
+def eval_loop_losses(model, val, C, rt, n_loops, accuracy=False):
     """Mean val cross-entropy of every loop's logits, a list of n_loops numbers, on a
-    fixed set of C.eval_batches batches (the same ones at every evaluation)."""
+    fixed set of C.eval_batches batches (the same ones at every evaluation). With
+    accuracy=True also, per loop, the share of targets (not -1) that are the argmax
+    of the logits: for ListOps, the exact-match accuracy of the answers."""
     model.eval()
-    total = torch.zeros(n_loops)
+    total, right, count = torch.zeros(n_loops), torch.zeros(n_loops), 0
     for i in range(C.eval_batches):
         x, y = get_batch(val, C, step=i, stream=1, device=rt.device)
         with rt.autocast():
             total += model.loop_losses(x, y, n_loops).float().cpu()
+            if accuracy:
+                for t, (h, _) in enumerate(model.loops(x, n_loops)):
+                    right[t] += (model.logits(h).argmax(-1) == y)[y >= 0].sum().item()
+                count += (y >= 0).sum().item()
     model.train()
-    return (total / C.eval_batches).tolist()
+    losses = (total / C.eval_batches).tolist()
+    return (losses, (right / max(count, 1)).tolist()) if accuracy else losses
 
 
 # --- the recipe's schedules and the diagnostics ---------------------------------
@@ -593,7 +648,9 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time, ref_l
     final_train = float(np.mean([r["loss"] for r in tail])) if tail else float("nan")
     res = np.array([r["residual_norms"] for r in steps]).reshape(len(steps), C.n_loops)
     n_test = max(C.test_loops or 2 * C.n_loops, C.n_loops)
-    curve = eval_loop_losses(model, val, C, rt, n_test) if nan_stop is None else []
+    listops = C.data == "listops"
+    curve, acc = (eval_loop_losses(model, val, C, rt, n_test, accuracy=True) if listops else
+                  (eval_loop_losses(model, val, C, rt, n_test), [])) if nan_stop is None else ([], [])
     reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
     out = {
         "variant": C.variant, "n_loops": C.n_loops, "n_layer": C.n_layer, "n_embd": C.n_embd,
@@ -612,6 +669,8 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time, ref_l
         "max_residual_norm": float(res.max()) if len(res) else float("nan"),
         "diverged": reason is not None, "diverged_reason": reason, "nan_step": nan_stop,
         "test_loops": list(range(1, len(curve) + 1)), "test_val_loss": curve,
+        **({"final_val_accuracy": acc[C.n_loops - 1] if acc else float("nan"), "test_val_accuracy": acc}
+           if listops else {}),
         "wall_time_s": round(wall_time, 1),
     }
     if ref_loss is not None:

@@ -273,3 +273,35 @@ def test_zigzag_statistic_separates_a_zigzag_from_minibatch_noise():
     zigzag = np.exp(np.log(1 + trend) + 0.2 * rng.standard_normal(200) + 0.4 * (-1) ** steps)
     assert abs(train_flt.grad_zigzag(noise) - 0.3) < 0.15
     assert train_flt.grad_zigzag(zigzag) > 0.7
+
+
+def test_listops_loss_and_accuracy_read_only_the_answer():
+    rows = train_flt.listops_corpus(50, 3, 64)
+    assert len({r.tobytes() for r in rows}) == 50
+    for x, y in rows:
+        (pos,) = np.nonzero(y >= 0)[0]                     # exactly one target per row ...
+        text = bytes(x[:pos + 1].tolist()).decode()
+        assert text.endswith("=")                          # ... the one after '=' ...
+        assert y[pos] - ord("0") == train_flt.listops_value(text[:-1].split())   # ... and it is the value
+    torch.manual_seed(0)
+    model = LoopedTransformer(train_flt.LoopedConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2,
+                                                     n_embd=16, n_loops=2, lm_head_std=0.5))
+    x, y = torch.from_numpy(rows[:8, 0]), torch.from_numpy(rows[:8, 1])
+    logits, loss = model(x, y)
+    at = y >= 0
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits[at], y[at]))
+    C = type("C", (), {"eval_batches": 1, "batch_size": 8, "seed": 0})()
+    rt = type("RT", (), {"device": "cpu", "autocast": staticmethod(lambda: torch.autocast("cpu", enabled=False))})
+    losses, acc = train_flt.eval_loop_losses(model, rows[:8], C, rt, 2, accuracy=True)
+    xb, yb = train_flt.get_batch(rows[:8], C, step=0, stream=1)
+    want = (model(xb)[0].argmax(-1) == yb)[yb >= 0].float().mean().item()
+    assert math.isclose(acc[-1], want) and len(losses) == 2
+
+
+def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):
+    s = train_flt.main(["--data=listops", f"--out_dir={tmp_path}/l", "--listops_examples=300", "--block_size=64",
+                        *TINY[:3], "--batch_size=4", "--n_loops=2", "--max_steps=3", "--eval_batches=2"])
+    assert len(s["test_val_accuracy"]) == 4 and s["final_val_accuracy"] == s["test_val_accuracy"][1]
+    assert s["unigram_entropy"] < math.log(10) + 1e-9 and "final_val_bpb" not in s
+    with pytest.raises(ValueError, match="listops"):
+        train_flt.main(["--listops_depth=2", f"--out_dir={tmp_path}/m"])
