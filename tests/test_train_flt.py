@@ -1,4 +1,5 @@
-"""train_flt.py end to end at tiny sizes: files written, exact resume, DDP, NaN stop."""
+"""train_flt.py end to end at tiny sizes (files written, exact resume, DDP, NaN stop), its recipe and
+diagnostics, and the corpora it reads (corpora.py)."""
 
 import json
 import math
@@ -13,6 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import corpora  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
 from training import load_checkpoint, read_log  # noqa: E402
@@ -97,11 +99,11 @@ def test_resume_gives_the_identical_loss_curve(tmp_path, text_file):
 
 
 def test_batches_are_a_function_of_seed_and_step(text_file):
-    train, _, _, _ = train_flt.load_data(type("C", (), {"data": text_file})())
+    train, _, _, _ = corpora.load_data(type("C", (), {"data": text_file})())
     C = type("C", (), {"seed": 1, "batch_size": 4, "block_size": 16})()
-    x1, y1 = train_flt.get_batch(train, C, step=5)
-    x2, _ = train_flt.get_batch(train, C, step=5)
-    x3, _ = train_flt.get_batch(train, C, step=6)
+    x1, y1 = corpora.get_batch(train, C, step=5)
+    x2, _ = corpora.get_batch(train, C, step=5)
+    x3, _ = corpora.get_batch(train, C, step=6)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3) and torch.equal(x1[:, 1:], y1[:, :-1])
 
 
@@ -146,9 +148,9 @@ def test_stdlib_docstrings_are_gathered_deduplicated_and_cached(tmp_path):
                                          '    def f(self):\n        """Module doc."""\n')
     (root / "broken.py").write_text("def (:\n")
     (root / "test" / "test_x.py").write_text('"""Skipped test doc."""\n')
-    docs = train_flt.stdlib_docstrings(str(root))
+    docs = corpora.stdlib_docstrings(str(root))
     assert sorted(docs) == ["Class doc.", "Module doc."]
-    train, val = train_flt.prepare_stdlib(str(tmp_path / "cache"), root=str(root))
+    train, val = corpora.prepare_stdlib(str(tmp_path / "cache"), root=str(root))
     assert train.dtype == np.uint8 and len(train) + len(val) == len("Class doc.\n\nModule doc.")
     assert os.path.exists(tmp_path / "cache" / "train.bin") and os.path.exists(tmp_path / "cache" / "val.bin")
 
@@ -276,13 +278,13 @@ def test_zigzag_statistic_separates_a_zigzag_from_minibatch_noise():
 
 
 def test_listops_loss_and_accuracy_read_only_the_answer():
-    rows = train_flt.listops_corpus(50, 3, 64)
+    rows = corpora.listops_corpus(50, 3, 64)
     assert len({r.tobytes() for r in rows}) == 50
     for x, y in rows:
         (pos,) = np.nonzero(y >= 0)[0]                     # exactly one target per row ...
         text = bytes(x[:pos + 1].tolist()).decode()
         assert text.endswith("=")                          # ... the one after '=' ...
-        assert y[pos] - ord("0") == train_flt.listops_value(text[:-1].split())   # ... and it is the value
+        assert y[pos] - ord("0") == corpora.listops_value(text[:-1].split())   # ... and it is the value
     torch.manual_seed(0)
     model = LoopedTransformer(train_flt.LoopedConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2,
                                                      n_embd=16, n_loops=2, lm_head_std=0.5))
@@ -293,7 +295,7 @@ def test_listops_loss_and_accuracy_read_only_the_answer():
     C = type("C", (), {"eval_batches": 1, "batch_size": 8, "seed": 0})()
     rt = type("RT", (), {"device": "cpu", "autocast": staticmethod(lambda: torch.autocast("cpu", enabled=False))})
     losses, acc = train_flt.eval_loop_losses(model, rows[:8], C, rt, 2, accuracy=True)
-    xb, yb = train_flt.get_batch(rows[:8], C, step=0, stream=1)
+    xb, yb = corpora.get_batch(rows[:8], C, step=0, stream=1)
     want = (model(xb)[0].argmax(-1) == yb)[yb >= 0].float().mean().item()
     assert math.isclose(acc[-1], want) and len(losses) == 2
 
