@@ -236,15 +236,16 @@ class BlockGradRecorder:
     x of block i in loop t (blocks run in loop order, so the call count gives t), a
     tensor hook that stores ||dL/dx||_2 over the whole micro-batch. norms() gives a
     list of n_loops lists of n_layer numbers, averaged over micro-batches; this
-    rank's gradients (before any DDP averaging). Forwards without grad are skipped."""
+    rank's gradients (before any DDP averaging). Forwards without grad are skipped;
+    with --compile nothing is recorded (enabled=False; the hooks would break the graph)."""
 
-    def __init__(self, blocks):
-        self.calls, self.sums = 0, None
+    def __init__(self, blocks, enabled=True):
+        self.calls, self.sums, self.enabled = 0, None, enabled
         for i, block in enumerate(blocks):
             block.register_forward_hook(lambda m, args, out, i=i: self._forward(i, out))
 
     def start(self, n_loops, n_layer):
-        self.n_layer, self.sums, self.calls = n_layer, np.zeros((n_loops, n_layer)), 0
+        self.n_layer, self.sums, self.calls = n_layer, np.zeros((n_loops, n_layer)) if self.enabled else None, 0
 
     def next_micro(self):
         self.calls = 0
@@ -258,7 +259,7 @@ class BlockGradRecorder:
             out.register_hook(lambda g, t=t: self.sums.__setitem__((t, i), self.sums[t, i] + g.norm().item()))
 
     def norms(self, n_micro):
-        return [[round(v / n_micro, 6) for v in row] for row in self.sums]
+        return [] if self.sums is None else [[round(v / n_micro, 6) for v in row] for row in self.sums]
 
 
 def grad_zigzag(g):
@@ -396,7 +397,7 @@ def main(argv=None):
     last_step = min(C.max_steps, C.stop_step) if C.stop_step > 0 else C.max_steps
     t_start, nan_stop = time.time(), None
     pbar = tqdm(range(step, last_step), initial=step, total=last_step, disable=not rt.master, desc=C.variant)
-    recorder = BlockGradRecorder(raw.blocks)
+    recorder = BlockGradRecorder(raw.blocks, enabled=not C.compile)
     for it in pbar:
         lr_now = lr_multiplier(it, C)
         for o, bases in zip(optimizers, base_lrs):
@@ -613,26 +614,60 @@ def plot_runs(dirs, out_dir, quiet=False):
     fig.savefig(os.path.join(out_dir, "flt_residual_norm.png"), dpi=80)
     plt.close(fig)
 
+    # the stability map, one figure per recipe: a panel per variant, final val loss over
+    # K x lr multiplier (mean over seeds), marked C (collapse) / P (partial) by the collapse rule
+    for optim in sorted(set(r.cfg.get("optim", "adamw") for r in runs)):
+        mine = [r for r in runs if r.cfg.get("optim", "adamw") == optim and r.summary]
+        lrms = sorted(set(r.cfg.get("lr_mult", 1.0) for r in mine))
+        losses = [r.summary["final_val_loss"] for r in mine if math.isfinite(r.summary["final_val_loss"])]
+        fig, axes = plt.subplots(1, len(variants), figsize=(2.6 * len(variants), 2.6), squeeze=False)
+        for ax, v in zip(axes[0], variants):
+            grid = np.full((len(lrms), len(Ks)), np.nan)
+            for i, lrm in enumerate(lrms):
+                for j, K in enumerate(Ks):
+                    cell = [r.summary for r in mine if (r.cfg["variant"] == v or K == 1) and r.cfg["n_loops"] == K
+                            and r.cfg.get("lr_mult", 1.0) == lrm]
+                    if cell:
+                        grid[i, j] = np.mean([c["final_val_loss"] for c in cell])
+                        marks = "".join(sorted({c.get("collapse", "")[:1].upper() for c in cell} & {"C", "P"}))
+                        ax.text(j, i, f"{grid[i, j]:.2f}{marks}", ha="center", va="center", fontsize=7, color="w")
+            ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto", vmin=min(losses, default=0),
+                      vmax=max(losses, default=1))
+            ax.set_xticks(range(len(Ks)), Ks, fontsize=7)
+            ax.set_yticks(range(len(lrms)), lrms, fontsize=7)
+            ax.set_title(v, fontsize=9)
+            ax.set_xlabel("loops K", fontsize=8)
+        axes[0][0].set_ylabel("lr multiplier", fontsize=8)
+        fig.suptitle(f"final val loss, recipe {optim} (C collapse, P partial, vs the 1-loop run)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"flt_map_{optim}.png"), dpi=90)
+        plt.close(fig)
+
     # the table
-    rows = ["| run | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) | max res. norm "
-            "| grad osc | diverged | best test-time loops (val) |", "|" + "---|" * 10]
+    rows = ["| run | recipe | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) "
+            "| max res. norm | peak step (last loop) | grad osc | grad zigzag | diverged | collapse (kept) "
+            "| best test-time loops (val) |", "|" + "---|" * 14]
     for r in runs:
         s = r.summary
         if not s:
             continue
         curve = s.get("test_val_loss") or [float("nan")]
         best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
-        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {s['variant']} | {s['n_loops']} "
+        peak = s.get("residual_norm_peak_step") or [0]
+        collapse = f"{s['collapse']} ({s['collapse_kept']:.2f})" if "collapse" in s else "-"
+        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg.get('optim', 'adamw')} "
+                    f"| {s['variant']} | {s['n_loops']} "
                     f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', float('nan')):.3f} "
                     f"| {s['residual_norm_first'][-1] if s['residual_norm_first'] else float('nan'):.1f} -> "
                     f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else float('nan'):.1f} "
-                    f"| {s['max_residual_norm']:.1f} | {s['grad_osc']:.3f} "
-                    f"| {s['diverged_reason'] or 'no'} | {best} ({min(curve):.3f}) |")
+                    f"| {s['max_residual_norm']:.1f} | {peak[-1]} | {s['grad_osc']:.3f} "
+                    f"| {s.get('grad_zigzag', float('nan')):.2f} | {s['diverged_reason'] or 'no'} | {collapse} "
+                    f"| {best} ({min(curve):.3f}) |")
     with open(os.path.join(out_dir, "compare.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
     if not quiet:
         print("\n".join(rows))
-        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in ('flt_loss.png', 'flt_grad_norm.png', 'flt_residual_norm.png', 'flt_test_time_loops.png'))}")
+        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in ('flt_loss.png', 'flt_grad_norm.png', 'flt_residual_norm.png', 'flt_test_time_loops.png'))}, flt_map_<recipe>.png")
     return rows
 
 

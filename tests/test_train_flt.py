@@ -161,7 +161,8 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     figs = str(tmp_path / "figs")
     rows = train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
     assert len(rows) == 4 and "| LT | 2 |" in rows[2] and "| FLT | 3 |" in rows[3]
-    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png"):
+    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png",
+                "flt_map_muon.png"):                                  # the stability map of the default recipe
         assert os.path.getsize(os.path.join(figs, png)) > 1000
     with pytest.raises(FileNotFoundError, match="config.json"):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
