@@ -154,8 +154,8 @@ RECIPES = {   # keys not given on the command line take the recipe's value
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
 # -----------------------------------------------------------------------------
-RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval", "stop_step", "sample_tokens",
-               "device", "dtype", "compile", "debug")
+RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
+               "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
 
 
 def check_config(C, argv):
@@ -244,10 +244,10 @@ class BlockGradRecorder:
         for i, block in enumerate(blocks):
             block.register_forward_hook(lambda m, args, out, i=i: self._forward(i, out))
 
-    def start(self, n_loops, n_layer):
-        self.n_layer, self.sums, self.calls = n_layer, np.zeros((n_loops, n_layer)) if self.enabled else None, 0
+    def start(self, n_loops, n_layer):          # before each step
+        self.n_layer, self.sums = n_layer, np.zeros((n_loops, n_layer)) if self.enabled else None
 
-    def next_micro(self):
+    def next_micro(self):                      # before each micro-batch's forward
         self.calls = 0
 
     def _forward(self, i, out):
@@ -349,7 +349,7 @@ def main(argv=None):
     train, val, vocab, is_bytes = load_data(C)
     if rt.ddp and rt.master:
         dist.barrier()
-    if min(len(train), len(val)) <= C.block_size + 1:
+    if train.ndim == 1 and min(len(train), len(val)) <= C.block_size + 1:
         raise ValueError(f"the data is too short for block_size={C.block_size}: "
                          f"{len(train)} train and {len(val)} val tokens")
 
@@ -363,6 +363,9 @@ def main(argv=None):
     base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
     step, wall_before = 0, 0.0
     if resume:
+        if not isinstance(ckpt["optimizer"], list):
+            raise ValueError(f"{ckpt_path} was written before train_flt.py had two recipes (one optimizer "
+                             f"state); it cannot be resumed, only rerun")
         training.load_state(model, ckpt["model"])
         for o, state in zip(optimizers, ckpt["optimizer"]):
             o.load_state_dict(state)
@@ -410,9 +413,9 @@ def main(argv=None):
         for micro in range(C.grad_accum):
             x, y = get_batch(train, C, it, micro, rt.rank, device=rt.device)
             last_micro = micro == C.grad_accum - 1
+            recorder.next_micro()
             with (model.no_sync() if rt.ddp and not last_micro else nullcontext()), rt.autocast():
                 _, loss, stats = model(x, y, return_stats=True)
-            recorder.next_micro()
             (loss / C.grad_accum).backward()
             loss_sum += loss.item() / C.grad_accum
             res_norms += stats["residual_norms"] / C.grad_accum

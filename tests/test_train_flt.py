@@ -234,6 +234,7 @@ def test_hooks_record_the_gradient_of_every_block_output_per_loop():
     spy = [b.register_forward_hook(keep) for b in model.blocks]
     rec = train_flt.BlockGradRecorder(model.blocks)
     rec.start(3, 2)
+    rec.next_micro()
     x = torch.randint(0, 32, (2, 8))
     model(x, x)[1].backward()
     got = rec.norms(1)
