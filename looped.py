@@ -324,7 +324,7 @@ class LoopedTransformer(nn.Module):
         no_decay = [p for n, p in self.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
         groups = [{"params": decay, "weight_decay": weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        return [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=(device_type == "cuda"))]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=(device_type == "cuda"))
 
     def configure_muon(self, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, betas=(0.8, 0.95),
                        eps=1e-10, weight_decay=0.0, device_type="cpu"):

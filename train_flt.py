@@ -359,7 +359,7 @@ def main(argv=None):
         optimizers = model.configure_muon(C.lr, C.embedding_lr, C.unembedding_lr, betas, C.adam_eps,
                                           C.weight_decay, rt.device_type)
     else:
-        optimizers = model.configure_optimizers(C.weight_decay, C.lr, betas, C.adam_eps, rt.device_type)
+        optimizers = [model.configure_optimizers(C.weight_decay, C.lr, betas, C.adam_eps, rt.device_type)]
     base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
     step, wall_before = 0, 0.0
     if resume:

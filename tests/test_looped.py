@@ -315,7 +315,7 @@ def test_muon_on_exactly_the_block_matrices_adamw_on_the_rest():
 
 def test_optimizer_groups_and_generate():
     model = LoopedTransformer(LoopedConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=16))
-    opt, = model.configure_optimizers(0.1, 1e-3)
+    opt = model.configure_optimizers(0.1, 1e-3)
     decay, no_decay = opt.param_groups
     assert model.tok_emb.weight in no_decay["params"] and len(no_decay["params"]) == 1
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
@@ -330,7 +330,7 @@ def test_tiny_lm_learns_a_tiny_corpus(variant):
     torch.manual_seed(0)
     cfg = LoopedConfig(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_embd=32, n_loops=3, variant=variant)
     model = LoopedTransformer(cfg)
-    opt, = model.configure_optimizers(0.0, 3e-3)
+    opt = model.configure_optimizers(0.0, 3e-3)
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(60):
