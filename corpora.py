@@ -109,7 +109,8 @@ def listops_corpus(n, depth, block_size, seed=0):
     '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
     bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
     is the answer digit. So the loss, and the accuracy, read the answer only: how
-    well the model evaluates the expression, a computation more loops can help."""
+    well the model evaluates the expression, a computation more loops can help.
+    Expressions longer than block_size + 1 bytes are drawn again."""
     rng, seen, rows = np.random.default_rng(seed), set(), []
     for _ in tqdm(range(50 * n), desc="listops", leave=False):
         tokens = listops_expression(rng, depth)
