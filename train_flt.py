@@ -53,7 +53,8 @@ Definitions used in log.jsonl and summary.json:
                 if kept < 0.5, "partial" if < 0.9, else "no" (collapse_verdict()).
                 A slow learner is compared with an equally slow reference.
   test-time loop curve  val loss (last-loop cross-entropy) of the trained model
-                read after 1, 2, ..., test_loops inference loops (default 2K).
+                read after 1, 2, ..., test_loops inference loops (default 2K);
+                for ListOps also the exact-match accuracy of the answers per loop.
 The batches are a pure function of (seed, step, micro-step, rank), so a resumed
 run draws exactly the batches the uninterrupted run would have drawn.
 
