@@ -38,10 +38,15 @@ Read top to bottom:
 
 Choices, following the authors' nanochat-based code: rotary positions (RoPE) in
 every attention (nothing is added to the stream, so looping never re-adds a
-position vector); no biases; untied lm head, zero-initialised like the output
-projections, so at initialisation every block is the identity and the logits are
-uniform. The final norm is the same parameter-free norm, so the final state h of
-loop t is also what the shared lm head reads to give that loop's logits.
+position vector); QK-norm, the parameter-free norm of each head's queries and keys
+after RoPE (qk_norm); the logits soft-capped, softcap * tanh(logits / softcap),
+softcap = 15; no biases; zero-initialised output projections, so at
+initialisation every block is the identity; an untied lm head initialised
+N(0, lm_head_std^2), lm_head_std = 1e-3 (nearly uniform logits). QK-norm and the
+softcap add no parameters; with qk_norm=False, softcap=0, lm_head_std=0 the model
+is the one this repository trained before (the README's AdamW rows). The final
+norm is the same parameter-free norm, so the final state h of loop t is also what
+the shared lm head reads to give that loop's logits.
 
 This file imports only torch and two RoPE helpers from model.py.
 """
@@ -76,8 +81,11 @@ class LoopedConfig:
     n_embd: int = 128
     ffn_mult: int = 4          # MLP hidden width = ffn_mult * n_embd
     variant: str = "FLT"       # LT, LT_i, LT_ia, FLT_res, FLT (the table above)
-    loss_type: str = "END"     # END: last loop; STEP: mean over loops; FEW: last third
+    loss_type: str = "END"     # END: last loop; STEP: mean over loops; FEW: last third (not LT_i, LT_ia)
     norm_eps: float = 1e-6
+    qk_norm: bool = True       # norm(q), norm(k) per head after RoPE
+    softcap: float = 15.0      # logits -> softcap * tanh(logits / softcap); 0 = no cap
+    lm_head_std: float = 1e-3  # lm head init N(0, std^2); 0 = zero
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -90,6 +98,9 @@ class LoopedConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_loops", "n_head", "n_embd", "ffn_mult"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+        for name in ("softcap", "lm_head_std"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 switches it off)")
 
     @property
     def start(self):
@@ -104,10 +115,11 @@ class LoopedConfig:
         return VARIANTS[self.variant][2]
 
 
-def loss_loops(loss_type, n_loops):
+def loss_loops(loss_type, n_loops, variant="FLT"):
     """Indices (0-based) of the loops whose losses are averaged:
-    END -> [K-1];  STEP -> 0..K-1;  FEW -> the last ceil(K/3) loops."""
-    if loss_type == "END":
+    END -> [K-1];  STEP -> 0..K-1;  FEW -> the last ceil(K/3) loops.
+    LT_i and LT_ia always take the last loop only, as in the authors' code."""
+    if loss_type == "END" or variant in ("LT_i", "LT_ia"):
         return [n_loops - 1]
     if loss_type == "STEP":
         return list(range(n_loops))
@@ -134,6 +146,7 @@ class Attention(nn.Module):
         super().__init__()
         d = config.n_embd
         self.n_head, self.head_dim = config.n_head, d // config.n_head
+        self.qk_norm, self.eps = config.qk_norm, config.norm_eps
         self.W_Q = nn.Linear(d, d, bias=False)
         self.W_K = nn.Linear(d, d, bias=False)
         self.W_V = nn.Linear(d, d, bias=False)
@@ -146,6 +159,8 @@ class Attention(nn.Module):
     def forward(self, xq, xkv, rope):
         q = apply_rope(self.split_heads(self.W_Q(xq)), *rope)
         k = apply_rope(self.split_heads(self.W_K(xkv)), *rope)
+        if self.qk_norm:
+            q, k = norm(q, self.eps), norm(k, self.eps)         # QK-norm, after RoPE as nanochat
         v = self.split_heads(self.W_V(xkv))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.W_O(y.transpose(1, 2).reshape(xkv.shape))
@@ -196,11 +211,14 @@ class LoopedTransformer(nn.Module):
 
     def reset_parameters(self):
         """nanochat's initialisation: embeddings N(0, 1); input projections uniform
-        with std 1/sqrt(fan_in); W_O, the MLP's out projection and the lm head zero."""
+        with std 1/sqrt(fan_in); W_O and the MLP's out projection zero; the lm head
+        N(0, lm_head_std^2) (zero when lm_head_std = 0)."""
         nn.init.normal_(self.tok_emb.weight, std=1.0)
         for name, p in self.named_parameters():
-            if name.endswith(("attn.W_O.weight", "mlp.proj.weight")) or name == "lm_head.weight":
+            if name.endswith(("attn.W_O.weight", "mlp.proj.weight")):
                 nn.init.zeros_(p)
+            elif name == "lm_head.weight":
+                nn.init.normal_(p, std=self.config.lm_head_std) if self.config.lm_head_std else nn.init.zeros_(p)
             elif p.dim() == 2 and name != "tok_emb.weight":
                 bound = math.sqrt(3.0 / p.size(1))              # uniform(-b, b) has std 1/sqrt(fan_in)
                 nn.init.uniform_(p, -bound, bound)
@@ -243,21 +261,30 @@ class LoopedTransformer(nn.Module):
             h = norm(x, eps)                                    # h = norm(x_L^(t)), also the final norm
             yield h, x
 
+    def logits(self, h):
+        """The shared lm head on a loop's final state, soft-capped (float32)."""
+        logits = self.lm_head(h).float()
+        cap = self.config.softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
     def forward(self, idx, targets=None, n_loops=None, return_stats=False):
         """logits (B, T, vocab) of the last loop and the loss (None without targets).
         The loss averages the cross-entropy of the loops chosen by config.loss_type
         (END / STEP / FEW, see loss_loops), each loop read by the shared lm head.
+        Targets equal to -1 are ignored (positions that carry no loss).
         With return_stats=True also a dict with 'residual_norms': tensor (n_loops,),
         the mean over tokens of ||x_L^(t)||_2 before the final norm, per loop."""
         n_loops = self.config.n_loops if n_loops is None else n_loops
-        chosen = set(loss_loops(self.config.loss_type, n_loops)) if targets is not None else set()
+        c = self.config
+        chosen = set(loss_loops(c.loss_type, n_loops, c.variant)) if targets is not None else set()
         losses, res_norms = [], []
         for t, (h, x) in enumerate(self.loops(idx, n_loops)):
             res_norms.append(x.detach().float().norm(dim=-1).mean())
             if t in chosen:
-                logits_t = self.lm_head(h).float()
-                losses.append(F.cross_entropy(logits_t.view(-1, logits_t.size(-1)), targets.reshape(-1)))
-        logits = logits_t if targets is not None else self.lm_head(h).float()
+                logits_t = self.logits(h)
+                losses.append(F.cross_entropy(logits_t.view(-1, logits_t.size(-1)), targets.reshape(-1),
+                                              ignore_index=-1))
+        logits = logits_t if targets is not None else self.logits(h)
         loss = torch.stack(losses).mean() if losses else None
         if return_stats:
             return logits, loss, {"residual_norms": torch.stack(res_norms)}
@@ -269,8 +296,8 @@ class LoopedTransformer(nn.Module):
         test-time loop curve (a model trained at K loops read at 1..2K loops)."""
         out = []
         for h, _ in self.loops(idx, n_loops):
-            logits = self.lm_head(h).float()
-            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1)))
+            logits = self.logits(h)
+            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1))
         return torch.stack(out)
 
     @torch.no_grad()
@@ -289,11 +316,27 @@ class LoopedTransformer(nn.Module):
 
     # --- optimisation
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu"):
-        """AdamW; weight decay on the linear layers' matrices only, not on embeddings
-        (this model has no norm weights and no biases). Fused kernel on CUDA."""
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8, device_type="cpu"):
+        """Our recipe ("adamw"): one AdamW; weight decay on the linear layers' matrices
+        only, lm head included, not on the embedding (this model has no norm weights
+        and no biases). Fused kernel on CUDA. Returns a list of one optimizer."""
         decay = [p for n, p in self.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
         no_decay = [p for n, p in self.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
         groups = [{"params": decay, "weight_decay": weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == "cuda"))
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=(device_type == "cuda"))
+
+    def configure_muon(self, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, betas=(0.8, 0.95),
+                       eps=1e-10, weight_decay=0.0, device_type="cpu"):
+        """The authors' recipe ("muon", nanochat's setup_optimizers): Muon (Nesterov)
+        on every matrix of the blocks, lr matrix_lr; AdamW on the token embedding,
+        lr embedding_lr * s, and on the lm head, lr unembedding_lr * s, where
+        s = (n_embd / 768) ** -0.5 (their lrs were tuned at width 768). Returns
+        [adamw, muon]; their momentum schedule is the training loop's."""
+        s = (self.config.n_embd / 768) ** -0.5
+        adamw = torch.optim.AdamW([{"params": [self.lm_head.weight], "lr": unembedding_lr * s},
+                                   {"params": [self.tok_emb.weight], "lr": embedding_lr * s}],
+                                  betas=betas, eps=eps, weight_decay=weight_decay, fused=(device_type == "cuda"))
+        muon = torch.optim.Muon(self.blocks.parameters(), lr=matrix_lr, weight_decay=weight_decay,
+                                momentum=0.95, nesterov=True)
+        return [adamw, muon]

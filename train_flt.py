@@ -1,10 +1,13 @@
 """
 Train a looped Transformer language model (looped.py) and record the stability
 diagnostics of "Simply Stabilizing the Loop via a Fully Looped Transformer":
-loss, total and per-block gradient norms, the per-loop residual norm, a
-gradient-oscillation statistic, divergence, and the test-time loop curve.
+loss, gradient norms (total, per block, and of each block's output per loop),
+the per-loop residual norm and its peak, gradient oscillation, collapse, and
+the test-time loop curve.
 
   python train_flt.py --variant=FLT --n_loops=12 --n_layer=2     # byte LM on stdlib docstrings
+  python train_flt.py --optim=adamw ...                          # our earlier recipe instead of theirs
+  python train_flt.py --data=listops --n_loops=6                 # ListOps, scored on the answers (corpora.py)
   python train_flt.py --data=my.txt --variant=LT --n_loops=6     # any text file, as bytes
   python train_flt.py --data=data/owt --vocab_size=50304         # nanoGPT train.bin/val.bin (uint16)
   torchrun --standalone --nproc_per_node=2 train_flt.py ...      # DDP (gloo on CPU, nccl on GPU)
@@ -12,26 +15,46 @@ gradient-oscillation statistic, divergence, and the test-time loop curve.
   python train_flt.py --compare=out/a,out/b --out_dir=assets     # figures from finished runs
   python train_flt.py --help                                     # every key and its default
 
-Every run writes into out_dir: config.json; log.jsonl (one record per step:
-loss, lr, grad_norm, block_grad_norms, residual_norms; and val_loss records);
-summary.json (the fields listed in summarize()); ckpt.pt; and the figures.
+The recipe (--optim=muon, the default) is the authors' (FuRuF-11/FullyLoopedTransformer,
+nanochat): Muon, Nesterov, lr 0.02 on every matrix of the blocks, momentum 0.85 ->
+0.95 over the first 300 steps; AdamW (betas 0.8, 0.95, eps 1e-10) on the token
+embedding (lr 0.2 s) and the lm head (lr 0.004 s), s = (n_embd / 768) ** -0.5; no
+weight decay; no warmup, flat lr then linear to 0 over the last 20% of steps; the
+model with QK-norm, logit softcap 15, lm head init N(0, 1e-3^2). --optim=adamw is
+ours from before (RECIPES["adamw"]: AdamW 3e-3 on everything, weight decay 0.1,
+40 warmup steps then cosine, no QK-norm, no softcap, zero lm head). Either
+recipe's values give way to a flag given on the command line.
 
-Definitions used in summary.json:
+Every run writes into out_dir: config.json; log.jsonl (one record per step:
+loss, lr, grad_norm, block_grad_norms, residual_norms, out_grad_norms; and
+val_loss records); summary.json (the fields listed in summarize()); ckpt.pt; figures.
+
+Definitions used in log.jsonl and summary.json:
   grad_osc      std over steps t = 0..N-2 (N = osc_steps, or fewer if the run is
                 shorter) of  log g_{t+1} - log g_t,  g_t = total gradient L2 norm
-                at step t BEFORE clipping. Large when the gradient norm jumps up
-                and down from step to step (the paper's "oscillating gradients").
+                at step t BEFORE clipping. Mostly minibatch noise at small batches.
+  grad_zigzag   -(lag-1 autocorrelation) of log g_t minus its centred 5-step mean,
+                over the same N steps (grad_zigzag()): 0.3 for independent
+                minibatch noise, towards 1 for a real step-to-step zig-zag.
+  out_grad_norms  per step, n_loops lists of n_layer numbers: ||dL/dx||_2 of the
+                output x of block i in loop t (BlockGradRecorder).
   residual norm mean over tokens of ||x_L^(t)||_2, the residual stream after the
-                last block of loop t, before the final norm; one number per loop.
+                last block of loop t, before the final norm; one number per loop;
+                residual_norm_peak / _peak_step: its maximum over training, per
+                loop, and the step where it occurs.
   diverged      True if the loss or gradient became NaN/inf ("nan"), or if the run
                 plateaued at the context-free level ("plateau"): the mean train
                 loss over the last 10% of steps (at least the last one) is
-                >= 0.95 * H_unigram, where H_unigram is the entropy (nats/token) of
-                the training data's unigram distribution, the loss of a model that
-                ignores context. A model that learns anything about context sits
-                well below it (bytes of English: H_unigram ~ 3 nats).
+                >= 0.95 * H_unigram, the entropy (nats/token) of the training
+                data's unigram distribution, the loss of a model that ignores context.
+  collapse      with --reference=DIR (a finished 1-loop run, same data, recipe, lr
+                and budget): kept = (H_unigram - val loss) / (H_unigram - reference
+                val loss); "no" within 0.05 nats of the reference, else "collapse"
+                if kept < 0.5, "partial" if < 0.9, else "no" (collapse_verdict()).
+                A slow learner is compared with an equally slow reference.
   test-time loop curve  val loss (last-loop cross-entropy) of the trained model
-                read after 1, 2, ..., test_loops inference loops (default 2K).
+                read after 1, 2, ..., test_loops inference loops (default 2K);
+                for ListOps also the exact-match accuracy of the answers per loop.
 The batches are a pure function of (seed, step, micro-step, rank), so a resumed
 run draws exactly the batches the uninterrupted run would have drawn.
 
@@ -39,20 +62,17 @@ Run folders: a run refuses an out_dir that holds another run's results
 (--overwrite=True replaces them) and writes nothing there until its flags, data
 and model have been checked. --init_from=resume continues the run in --out_dir,
 wherever that folder now is, with the checkpoint's config; of the flags given
-with it, those in RESUME_SAFE (lr, grad_clip, eval_interval, ckpt_interval,
+with it, those in RESUME_SAFE (the lrs, grad_clip, eval_interval, ckpt_interval,
 stop_step, sample_tokens, device, dtype, compile) are applied and recorded in
 config.json and log.jsonl, any other that differs is refused. A NaN or inf loss or gradient
 stops the run before the optimizer step. Errors are one line; --debug=True
 shows the traceback.
 """
 
-import ast
-import hashlib
 import json
 import math
 import os
 import sys
-import sysconfig
 import time
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -63,13 +83,18 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import training
+from corpora import get_batch, load_data, unigram_entropy
+from corpora import prepare_stdlib  # noqa: F401 (tests/test_reliability.py reaches the stdlib cache here)
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
 out_dir = "out/flt"
-data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes),
-                         # a text file (bytes), or a folder with train.bin/val.bin (uint16 ids)
+data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes), "listops" (expressions
+                         # and their values, loss on the answers), a text file (bytes), or a folder with
+                         # train.bin/val.bin (uint16 ids)
+listops_depth = 3        # listops only: nesting depth of the expressions
+listops_examples = 20000 # listops only: distinct training expressions (plus 2,000 for val)
 data_dir = "data/stdlib_docstrings"   # where the stdlib corpus is cached
 vocab_size = 256         # only for train.bin/val.bin folders; byte data always uses 256
 # model (looped.py)
@@ -81,22 +106,32 @@ n_embd = 128
 ffn_mult = 4
 block_size = 128
 loss_type = "END"        # END, STEP, FEW
-# optimisation
+# optimisation: the authors' recipe; --optim=adamw switches every key of RECIPES["adamw"] to ours
+optim = "muon"           # muon: theirs (Muon on the block matrices, AdamW on embedding and head); adamw: ours
 batch_size = 16
 grad_accum = 1           # micro-batches per optimizer step (per rank)
 max_steps = 400
-lr = 3e-3
-min_lr_frac = 0.1
-warmup_steps = 40
-schedule = "cosine"      # cosine, linear, constant
-weight_decay = 0.1
-beta1 = 0.9
+lr = 0.02                # muon: the block matrices' lr; adamw: the lr of everything
+embedding_lr = 0.2       # muon only: AdamW lr of the token embedding, times s = (n_embd / 768) ** -0.5
+unembedding_lr = 0.004   # muon only: AdamW lr of the lm head, times s
+lr_mult = 1.0            # multiplies every lr above (the stability map's lr axis)
+warmup_steps = 0
+schedule = "warmdown"    # warmdown (flat, then linear to 0 over the last warmdown_frac), cosine, linear, constant
+warmdown_frac = 0.2
+min_lr_frac = 0.1        # cosine and linear only
+weight_decay = 0.0
+beta1 = 0.8
 beta2 = 0.95
+adam_eps = 1e-10
+qk_norm = True           # model (looped.py): QK-norm after RoPE
+softcap = 15.0           # model: logit soft cap; 0 = none
+lm_head_std = 1e-3       # model: lm head init std; 0 = zero
 grad_clip = 1.0          # 0 = no clipping
 # evaluation, diagnostics, checkpoints
 eval_interval = 100
 eval_batches = 20
-osc_steps = 200          # N of the gradient-oscillation statistic
+osc_steps = 200          # N of the gradient-oscillation statistics
+reference = ""           # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
 test_loops = 0           # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
 ckpt_interval = 200
 init_from = "scratch"    # scratch or resume (from out_dir/ckpt.pt)
@@ -112,166 +147,172 @@ overwrite = False        # replace the results of an earlier run in out_dir
 debug = False            # show the traceback of a user error
 DEFAULTS = {k: v for k, v in list(globals().items())
             if not k.startswith("_") and isinstance(v, (int, float, bool, str)) and k not in ("training",)}
+RECIPES = {   # keys not given on the command line take the recipe's value
+    "muon": {k: DEFAULTS[k] for k in ("lr", "warmup_steps", "schedule", "weight_decay", "beta1", "adam_eps",
+                                      "qk_norm", "softcap", "lm_head_std")},
+    "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
+                  qk_norm=False, softcap=0.0, lm_head_std=0.0),       # ours, before issue 11
+}
+MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
 # -----------------------------------------------------------------------------
-RESUME_SAFE = ("lr", "grad_clip", "eval_interval", "ckpt_interval", "stop_step", "sample_tokens",
-               "device", "dtype", "compile", "debug")
+RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
+               "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
 
 
 def check_config(C, argv):
     """Refuse bad values before any work is done, naming what is allowed."""
-    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES),
-                             schedule=("cosine", "linear", "constant"),
+    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES), optim=tuple(RECIPES),
+                             schedule=("warmdown", "cosine", "linear", "constant"),
                              init_from=("scratch", "resume")).items():
         if getattr(C, key) not in allowed:
             raise ValueError(f"--{key}={getattr(C, key)} is not one of {allowed}")
     training.check_ranges(vars(C), positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult",
                                              "block_size", "batch_size", "grad_accum", "max_steps", "lr",
-                                             "eval_interval", "eval_batches", "ckpt_interval", "vocab_size"),
+                                             "embedding_lr", "unembedding_lr", "lr_mult", "adam_eps", "eval_interval", "eval_batches", "ckpt_interval", "vocab_size"),
                           nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
-                                       "sample_tokens", "min_lr_frac"),
-                          fractions=("beta1", "beta2"))
+                                       "sample_tokens", "min_lr_frac", "softcap", "lm_head_std"),
+                          fractions=("beta1", "beta2", "warmdown_frac"))
     if C.osc_steps < 2:
         raise ValueError(f"--osc_steps={C.osc_steps} is out of range: the statistic needs at least 2 steps")
     explicit = training.given_keys(argv)
     if "vocab_size" in explicit and (C.data == "stdlib" or not os.path.isdir(C.data)):
         raise ValueError("--vocab_size applies only to a folder of train.bin/val.bin token ids; byte data "
                          "always has 256; leave it out")
+    for key in set(explicit) & {"embedding_lr", "unembedding_lr"}:
+        if C.optim != "muon":
+            raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={C.optim} --lr sets every lr")
+    for key in set(explicit) & {"listops_depth", "listops_examples"}:
+        if C.data != "listops":
+            raise ValueError(f"--{key} applies only to --data=listops; leave it out")
     if "data_dir" in explicit and C.data != "stdlib":
         raise ValueError("--data_dir is where the stdlib corpus is cached; it does not apply to "
                          f"--data={C.data}; leave it out")
 
 
-# --- data ---------------------------------------------------------------------
-
-def stdlib_docstrings(root=None):
-    """The docstrings of every module, class and function in the Python standard
-    library's source (site-packages and test folders skipped), deduplicated, in a
-    fixed order. Every machine with Python has them; nothing is downloaded."""
-    root = root or sysconfig.get_paths()["stdlib"]
-    skip = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-    files = []
-    for d, subdirs, names in os.walk(root):
-        subdirs[:] = sorted(s for s in subdirs if s not in skip)
-        files += [os.path.join(d, n) for n in sorted(names) if n.endswith(".py")]
-    seen, docs = set(), []
-    for path in tqdm(files, desc="stdlib docstrings", leave=False):
-        try:
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and doc not in seen:
-                    seen.add(doc)
-                    docs.append(doc)
-    return docs
-
-
-STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are rebuilt
-
-
-def prepare_stdlib(data_dir, root=None):
-    """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
-    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
-    A sidecar stdlib.json holds the recipe version and each file's size and sha256;
-    a cache that disagrees with it (truncated, edited, older) is rebuilt."""
-    paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
-    sidecar = os.path.join(data_dir, "stdlib.json")
-    if not _stdlib_cache_ok(sidecar, paths):
-        docs = stdlib_docstrings(root)
-        order = np.random.default_rng(0).permutation(len(docs))
-        raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
-        n = int(0.9 * len(raw))
-        os.makedirs(data_dir, exist_ok=True)
-        for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
-            tmp = f"{path}.tmp.{os.getpid()}"
-            part.tofile(tmp)
-            os.replace(tmp, path)
-        training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
-            k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
-        print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
-              f"into {data_dir}/train.bin, val.bin")
-    return np.fromfile(paths["train"], dtype=np.uint8), np.fromfile(paths["val"], dtype=np.uint8)
-
-
-def _stdlib_cache_ok(sidecar, paths):
-    try:
-        with open(sidecar) as f:
-            meta = json.load(f)
-        return meta["version"] == STDLIB_VERSION and all(
-            meta["files"][k] == [os.path.getsize(p), _sha256(p)] for k, p in paths.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def load_data(C):
-    """(train, val, vocab_size, is_bytes) for --data=stdlib | file.txt | DIR."""
-    if C.data == "stdlib":
-        train, val = prepare_stdlib(C.data_dir)
-        return train, val, 256, True
-    if os.path.isdir(C.data):
-        paths = [os.path.join(C.data, f) for f in ("train.bin", "val.bin")]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise FileNotFoundError(f"--data={C.data} is a folder but {', '.join(missing)} is missing; "
-                                    f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
-        for p in paths:
-            if os.path.getsize(p) % 2 or os.path.getsize(p) == 0:
-                raise ValueError(f"{p} holds {os.path.getsize(p)} bytes, not a whole number of uint16 "
-                                 f"token ids (2 bytes each); is it a nanoGPT-style token file?")
-        train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
-        for name, part in (("train.bin", train), ("val.bin", val)):
-            if len(part) <= 5e7 and len(part) and int(part.max()) >= C.vocab_size:
-                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={C.vocab_size}; "
-                                 f"set --vocab_size to the tokenizer's vocabulary size")
-        return train, val, C.vocab_size, False
-    if os.path.isfile(C.data):
-        raw = np.fromfile(C.data, dtype=np.uint8)
-        n = int(0.9 * len(raw))
-        return raw[:n], raw[n:], 256, True
-    raise FileNotFoundError(f"--data={C.data}: no such file or folder. Give 'stdlib', a text file, "
-                            f"or a folder holding train.bin and val.bin")
-
-
-def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
-    """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
-    by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
-    the same call always gives the same batch, which makes resume exact."""
-    rng = np.random.default_rng([C.seed, step, micro, rank, stream])
-    ix = rng.integers(0, len(data) - C.block_size - 1, size=C.batch_size)
-    xy = torch.from_numpy(np.stack([np.asarray(data[i:i + C.block_size + 1], dtype=np.int64) for i in ix]))
-    x, y = xy[:, :-1], xy[:, 1:]
-    if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def unigram_entropy(data, vocab):
-    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free model."""
-    counts = np.bincount(np.asarray(data[:10_000_000]), minlength=vocab).astype(np.float64)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log(p)).sum())
-
-
 @torch.no_grad()
-def eval_loop_losses(model, val, C, rt, n_loops):
+def eval_loop_losses(model, val, C, rt, n_loops, accuracy=False):
     """Mean val cross-entropy of every loop's logits, a list of n_loops numbers, on a
-    fixed set of C.eval_batches batches (the same ones at every evaluation)."""
+    fixed set of C.eval_batches batches (the same ones at every evaluation). With
+    accuracy=True also, per loop, the share of targets (not -1) that are the argmax
+    of the logits: for ListOps, the exact-match accuracy of the answers."""
     model.eval()
-    total = torch.zeros(n_loops)
+    total, right, count = torch.zeros(n_loops), torch.zeros(n_loops), 0
     for i in range(C.eval_batches):
         x, y = get_batch(val, C, step=i, stream=1, device=rt.device)
         with rt.autocast():
             total += model.loop_losses(x, y, n_loops).float().cpu()
+            if accuracy:
+                for t, (h, _) in enumerate(model.loops(x, n_loops)):
+                    right[t] += (model.logits(h).argmax(-1) == y)[y >= 0].sum().item()
+                count += (y >= 0).sum().item()
     model.train()
-    return (total / C.eval_batches).tolist()
+    losses = (total / C.eval_batches).tolist()
+    return (losses, (right / max(count, 1)).tolist()) if accuracy else losses
+
+
+# --- the recipe's schedules and the diagnostics ---------------------------------
+
+def lr_multiplier(it, C):
+    """The factor every base lr is multiplied by at step it (0-based). warmdown (the
+    authors'): 1 until step max_steps - W, then (max_steps - it) / W, reaching 0,
+    W = round(warmdown_frac * max_steps); after a linear warmup if warmup_steps > 0.
+    cosine, linear, constant: training.lr_at, as in our recipe."""
+    if C.schedule != "warmdown":
+        return training.lr_at(it, C.max_steps, 1.0, C.warmup_steps, C.schedule, C.min_lr_frac)
+    if it < C.warmup_steps:
+        return (it + 1) / C.warmup_steps
+    warmdown = round(C.warmdown_frac * C.max_steps)
+    return 1.0 if it <= C.max_steps - warmdown else (C.max_steps - it) / warmdown
+
+
+def muon_momentum(it):
+    """Muon's momentum at step it: 0.85 -> 0.95 linearly over the first 300 steps, then 0.95."""
+    lo, hi, n = MUON_MOMENTUM
+    return lo + (hi - lo) * min(it / n, 1.0)
+
+
+class BlockGradRecorder:
+    """The gradient norm of each block's OUTPUT per (loop, block), as the authors'
+    base_check.py logs it: a forward hook on every block registers, on the output
+    x of block i in loop t (blocks run in loop order, so the call count gives t), a
+    tensor hook that stores ||dL/dx||_2 over the whole micro-batch. norms() gives a
+    list of n_loops lists of n_layer numbers, averaged over micro-batches; this
+    rank's gradients (before any DDP averaging). Forwards without grad are skipped;
+    with --compile nothing is recorded (enabled=False; the hooks would break the graph)."""
+
+    def __init__(self, blocks, enabled=True):
+        self.calls, self.sums, self.enabled = 0, None, enabled
+        for i, block in enumerate(blocks):
+            block.register_forward_hook(lambda m, args, out, i=i: self._forward(i, out))
+
+    def start(self, n_loops, n_layer):          # before each step
+        self.n_layer, self.sums = n_layer, np.zeros((n_loops, n_layer)) if self.enabled else None
+
+    def next_micro(self):                      # before each micro-batch's forward
+        self.calls = 0
+
+    def _forward(self, i, out):
+        if self.sums is None or not (torch.is_grad_enabled() and out.requires_grad):
+            return
+        t = self.calls // self.n_layer
+        self.calls += 1
+        if t < len(self.sums):
+            out.register_hook(lambda g, t=t: self.sums.__setitem__((t, i), self.sums[t, i] + g.norm().item()))
+
+    def norms(self, n_micro):
+        return [] if self.sums is None else [[round(v / n_micro, 6) for v in row] for row in self.sums]
+
+
+def grad_zigzag(g):
+    """-rho_1 of r, where r_t = log g_t - mean(log g_{t-2..t+2}) (the trace minus its
+    centred 5-step running mean, over steps with a full window) and rho_1 is the
+    lag-1 autocorrelation. Minibatch noise, independent from step to step around a
+    slow trend, gives 0.3 (exactly, for i.i.d. noise: the running mean shares
+    each point with its neighbours); a zig-zag (up, down, up, ...) gives close to 1; slow swings over
+    many steps give less than noise. NaN under 8 steps."""
+    x = np.log(np.maximum(np.asarray(g, dtype=float), 1e-30))
+    if len(x) < 8:
+        return float("nan")
+    r = x[2:-2] - np.convolve(x, np.ones(5) / 5, mode="valid")
+    r = r - r.mean()
+    return float(-(r[:-1] * r[1:]).sum() / max((r * r).sum(), 1e-30))
+
+
+def collapse_verdict(loss, ref_loss, h_unigram, margin=0.05):
+    """The collapse rule, relative to a 1-loop reference run at the same lr and budget:
+    kept = (H - loss) / (H - ref_loss), the share of what the 1-loop model learned
+    beyond the context-free level H (the unigram entropy) that this run also learned.
+    "no" if loss <= ref_loss + margin (0.05 nats, about the seed-to-seed spread);
+    otherwise "collapse" if kept < 0.5, "partial" if kept < 0.9, else "no". A slow
+    learner is judged against a reference that is just as slow, so it is not called
+    collapse. "undetermined" if the reference ended less than margin below H.
+    Returns (verdict, kept)."""
+    if not math.isfinite(loss):
+        return "nan", float("nan")
+    if h_unigram - ref_loss < margin:
+        return "undetermined", float("nan")
+    kept = (h_unigram - loss) / (h_unigram - ref_loss)
+    if loss <= ref_loss + margin:
+        return "no", kept
+    return ("collapse" if kept < 0.5 else "partial" if kept < 0.9 else "no"), kept
+
+
+def reference_loss(C):
+    """The final val loss of the 1-loop reference run in C.reference, after checking
+    that it was trained like this run (data, recipe, lr, budget) with one loop."""
+    try:
+        with open(os.path.join(C.reference, "config.json")) as f:
+            ref = json.load(f)
+        with open(os.path.join(C.reference, "summary.json")) as f:
+            loss = json.load(f)["final_val_loss"]
+    except (OSError, ValueError, KeyError) as e:
+        raise FileNotFoundError(f"--reference={C.reference} is not a finished run folder ({e})") from None
+    differ = [k for k in ("data", "optim", "lr", "lr_mult", "max_steps", "batch_size", "block_size", "n_layer",
+                          "n_embd") if ref.get(k) != getattr(C, k)]
+    if ref.get("n_loops") != 1 or differ:
+        raise ValueError(f"--reference={C.reference} must be a 1-loop run trained like this one; it has "
+                         f"n_loops={ref.get('n_loops')}" + (f" and differs in {differ}" if differ else ""))
+    return loss
 
 
 # --- the run ------------------------------------------------------------------
@@ -279,6 +320,8 @@ def eval_loop_losses(model, val, C, rt, n_loops):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = training.configure(DEFAULTS, argv, __doc__)
+    if cfg["optim"] in RECIPES:                # the recipe's values, unless given on the command line
+        cfg.update({k: v for k, v in RECIPES[cfg["optim"]].items() if k not in training.given_keys(argv)})
     if cfg["compare"]:
         return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
     check_config(SimpleNamespace(**cfg), argv)
@@ -296,8 +339,10 @@ def main(argv=None):
     byte_data = C.data == "stdlib" or not os.path.isdir(C.data)
     model_args = dict(vocab_size=256 if byte_data else C.vocab_size, block_size=C.block_size,
                       n_layer=C.n_layer, n_loops=C.n_loops, n_head=C.n_head, n_embd=C.n_embd,
-                      ffn_mult=C.ffn_mult, variant=C.variant, loss_type=C.loss_type)
+                      ffn_mult=C.ffn_mult, variant=C.variant, loss_type=C.loss_type, qk_norm=C.qk_norm,
+                      softcap=C.softcap, lm_head_std=C.lm_head_std)
     LoopedConfig(**model_args)                       # refuses bad model flags before the data is read
+    ref_loss = reference_loss(C) if C.reference else None
 
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
     if rt.ddp and not rt.master:
@@ -305,16 +350,26 @@ def main(argv=None):
     train, val, vocab, is_bytes = load_data(C)
     if rt.ddp and rt.master:
         dist.barrier()
-    if min(len(train), len(val)) <= C.block_size + 1:
+    if train.ndim == 1 and min(len(train), len(val)) <= C.block_size + 1:
         raise ValueError(f"the data is too short for block_size={C.block_size}: "
                          f"{len(train)} train and {len(val)} val tokens")
 
     model = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
-    optimizer = model.configure_optimizers(C.weight_decay, C.lr, (C.beta1, C.beta2), rt.device_type)
+    betas = (C.beta1, C.beta2)
+    if C.optim == "muon":
+        optimizers = model.configure_muon(C.lr, C.embedding_lr, C.unembedding_lr, betas, C.adam_eps,
+                                          C.weight_decay, rt.device_type)
+    else:
+        optimizers = [model.configure_optimizers(C.weight_decay, C.lr, betas, C.adam_eps, rt.device_type)]
+    base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
     step, wall_before = 0, 0.0
     if resume:
+        if not isinstance(ckpt["optimizer"], list):
+            raise ValueError(f"{ckpt_path} was written before train_flt.py had two recipes (one optimizer "
+                             f"state); it cannot be resumed, only rerun")
         training.load_state(model, ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        for o, state in zip(optimizers, ckpt["optimizer"]):
+            o.load_state_dict(state)
         step, wall_before = ckpt["step"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["rng"].cpu())
         if "cuda_rng" in ckpt and torch.cuda.is_available():
@@ -335,7 +390,7 @@ def main(argv=None):
 
     def save(steps_done):
         if rt.master:
-            state = {"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": steps_done,
+            state = {"model": raw.state_dict(), "optimizer": [o.state_dict() for o in optimizers], "step": steps_done,
                      "model_args": model_args, "config": cfg, "rng": torch.get_rng_state(),
                      "wall_time": wall_before + time.time() - t_start}
             if torch.cuda.is_available():
@@ -346,14 +401,20 @@ def main(argv=None):
     last_step = min(C.max_steps, C.stop_step) if C.stop_step > 0 else C.max_steps
     t_start, nan_stop = time.time(), None
     pbar = tqdm(range(step, last_step), initial=step, total=last_step, disable=not rt.master, desc=C.variant)
+    recorder = BlockGradRecorder(raw.blocks, enabled=not C.compile)
     for it in pbar:
-        lr_now = training.lr_at(it, C.max_steps, C.lr, C.warmup_steps, C.schedule, C.min_lr_frac)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_now
+        lr_now = lr_multiplier(it, C)
+        for o, bases in zip(optimizers, base_lrs):
+            for group, base in zip(o.param_groups, bases):
+                group["lr"] = base * lr_now
+                if isinstance(o, torch.optim.Muon):
+                    group["momentum"] = muon_momentum(it)
         loss_sum, res_norms = 0.0, torch.zeros(C.n_loops, device=rt.device)
+        recorder.start(C.n_loops, len(raw.blocks))
         for micro in range(C.grad_accum):
             x, y = get_batch(train, C, it, micro, rt.rank, device=rt.device)
             last_micro = micro == C.grad_accum - 1
+            recorder.next_micro()
             with (model.no_sync() if rt.ddp and not last_micro else nullcontext()), rt.autocast():
                 _, loss, stats = model(x, y, return_stats=True)
             (loss / C.grad_accum).backward()
@@ -372,11 +433,12 @@ def main(argv=None):
         block_norms = [training.grad_norm(b.parameters()).item() for b in raw.blocks]
         if C.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, C.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for o in optimizers:
+            o.step()
+            o.zero_grad(set_to_none=True)
         done = it + 1
-        log.log(step=done, loss=loss_now, lr=lr_now, grad_norm=g_total, block_grad_norms=block_norms,
-                residual_norms=[round(r, 4) for r in res_norms.tolist()])
+        log.log(step=done, loss=loss_now, lr=C.lr * C.lr_mult * lr_now, grad_norm=g_total, block_grad_norms=block_norms,
+                residual_norms=[round(r, 4) for r in res_norms.tolist()], out_grad_norms=recorder.norms(C.grad_accum))
         pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
         if done - step == 5 and rt.master:
             per_step = (time.time() - t_start) / 5
@@ -392,7 +454,7 @@ def main(argv=None):
         training.release_out_dir(C.out_dir)
         return None
     summary = summarize(raw, val, C, rt, is_bytes, unigram_entropy(train, vocab), nan_stop,
-                        wall_before + time.time() - t_start)
+                        wall_before + time.time() - t_start, ref_loss)
     if rt.ddp:
         summary["ddp_replicas_identical"] = replicas_identical(raw)
     log.summary(summary)
@@ -418,7 +480,7 @@ def replicas_identical(model):
     return bool(torch.equal(lo, hi))
 
 
-def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time):
+def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time, ref_loss=None):
     """summary.json: what a table of runs needs, computed from log.jsonl (so a
     resumed run is summarised over its whole history) and one final evaluation."""
     records = training.read_log(C.out_dir) if rt.master else []
@@ -428,9 +490,11 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time):
     dlog = np.diff(np.log(np.maximum(g, 1e-30)))
     tail = steps[len(steps) - max(1, len(steps) // 10):]
     final_train = float(np.mean([r["loss"] for r in tail])) if tail else float("nan")
-    res = [r["residual_norms"] for r in steps]
+    res = np.array([r["residual_norms"] for r in steps]).reshape(len(steps), C.n_loops)
     n_test = max(C.test_loops or 2 * C.n_loops, C.n_loops)
-    curve = eval_loop_losses(model, val, C, rt, n_test) if nan_stop is None else []
+    listops = C.data == "listops"
+    curve, acc = (eval_loop_losses(model, val, C, rt, n_test, accuracy=True) if listops else
+                  (eval_loop_losses(model, val, C, rt, n_test), [])) if nan_stop is None else ([], [])
     reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
     out = {
         "variant": C.variant, "n_loops": C.n_loops, "n_layer": C.n_layer, "n_embd": C.n_embd,
@@ -440,15 +504,22 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time):
         "final_val_loss": curve[C.n_loops - 1] if curve else float("nan"),
         "unigram_entropy": h_unigram,
         "grad_osc": float(np.std(dlog)) if len(dlog) else float("nan"),
-        "grad_osc_steps": len(g),
+        "grad_osc_steps": len(g), "grad_zigzag": grad_zigzag(g),
         "max_grad_norm": float(g.max()) if len(g) else float("nan"),
-        "residual_norm_first": res[0] if res else [],
-        "residual_norm_last": res[-1] if res else [],
-        "max_residual_norm": float(max(max(r) for r in res)) if res else float("nan"),
+        "residual_norm_first": res[0].tolist() if len(res) else [],
+        "residual_norm_last": res[-1].tolist() if len(res) else [],
+        "residual_norm_peak": res.max(0).tolist() if len(res) else [],                   # per loop
+        "residual_norm_peak_step": [steps[i]["step"] for i in res.argmax(0)] if len(res) else [],
+        "max_residual_norm": float(res.max()) if len(res) else float("nan"),
         "diverged": reason is not None, "diverged_reason": reason, "nan_step": nan_stop,
         "test_loops": list(range(1, len(curve) + 1)), "test_val_loss": curve,
+        **({"final_val_accuracy": acc[C.n_loops - 1] if acc else float("nan"), "test_val_accuracy": acc}
+           if listops else {}),
         "wall_time_s": round(wall_time, 1),
     }
+    if ref_loss is not None:
+        out["reference"], out["reference_val_loss"] = C.reference, ref_loss
+        out["collapse"], out["collapse_kept"] = collapse_verdict(out["final_val_loss"], ref_loss, h_unigram)
     if is_bytes:
         out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
     return out
@@ -547,26 +618,60 @@ def plot_runs(dirs, out_dir, quiet=False):
     fig.savefig(os.path.join(out_dir, "flt_residual_norm.png"), dpi=80)
     plt.close(fig)
 
+    # the stability map, one figure per recipe: a panel per variant, final val loss over
+    # K x lr multiplier (mean over seeds), marked C (collapse) / P (partial) by the collapse rule
+    for optim in sorted(set(r.cfg.get("optim", "adamw") for r in runs)):
+        mine = [r for r in runs if r.cfg.get("optim", "adamw") == optim and r.summary]
+        lrms = sorted(set(r.cfg.get("lr_mult", 1.0) for r in mine))
+        losses = [r.summary["final_val_loss"] for r in mine if math.isfinite(r.summary["final_val_loss"])]
+        fig, axes = plt.subplots(1, len(variants), figsize=(2.6 * len(variants), 2.6), squeeze=False)
+        for ax, v in zip(axes[0], variants):
+            grid = np.full((len(lrms), len(Ks)), np.nan)
+            for i, lrm in enumerate(lrms):
+                for j, K in enumerate(Ks):
+                    cell = [r.summary for r in mine if (r.cfg["variant"] == v or K == 1) and r.cfg["n_loops"] == K
+                            and r.cfg.get("lr_mult", 1.0) == lrm]
+                    if cell:
+                        grid[i, j] = np.mean([c["final_val_loss"] for c in cell])
+                        marks = "".join(sorted({c.get("collapse", "")[:1].upper() for c in cell} & {"C", "P"}))
+                        ax.text(j, i, f"{grid[i, j]:.2f}{marks}", ha="center", va="center", fontsize=7, color="w")
+            ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto", vmin=min(losses, default=0),
+                      vmax=max(losses, default=1))
+            ax.set_xticks(range(len(Ks)), Ks, fontsize=7)
+            ax.set_yticks(range(len(lrms)), lrms, fontsize=7)
+            ax.set_title(v, fontsize=9)
+            ax.set_xlabel("loops K", fontsize=8)
+        axes[0][0].set_ylabel("lr multiplier", fontsize=8)
+        fig.suptitle(f"final val loss, recipe {optim} (C collapse, P partial, vs the 1-loop run)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"flt_map_{optim}.png"), dpi=90)
+        plt.close(fig)
+
     # the table
-    rows = ["| run | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) | max res. norm "
-            "| grad osc | diverged | best test-time loops (val) |", "|" + "---|" * 10]
+    rows = ["| run | recipe | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) "
+            "| max res. norm | peak step (last loop) | grad osc | grad zigzag | diverged | collapse (kept) "
+            "| best test-time loops (val) |", "|" + "---|" * 14]
     for r in runs:
         s = r.summary
         if not s:
             continue
         curve = s.get("test_val_loss") or [float("nan")]
         best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
-        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {s['variant']} | {s['n_loops']} "
+        peak = s.get("residual_norm_peak_step") or [0]
+        collapse = f"{s['collapse']} ({s['collapse_kept']:.2f})" if "collapse" in s else "-"
+        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg.get('optim', 'adamw')} "
+                    f"| {s['variant']} | {s['n_loops']} "
                     f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', float('nan')):.3f} "
                     f"| {s['residual_norm_first'][-1] if s['residual_norm_first'] else float('nan'):.1f} -> "
                     f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else float('nan'):.1f} "
-                    f"| {s['max_residual_norm']:.1f} | {s['grad_osc']:.3f} "
-                    f"| {s['diverged_reason'] or 'no'} | {best} ({min(curve):.3f}) |")
+                    f"| {s['max_residual_norm']:.1f} | {peak[-1]} | {s['grad_osc']:.3f} "
+                    f"| {s.get('grad_zigzag', float('nan')):.2f} | {s['diverged_reason'] or 'no'} | {collapse} "
+                    f"| {best} ({min(curve):.3f}) |")
     with open(os.path.join(out_dir, "compare.md"), "w") as f:
         f.write("\n".join(rows) + "\n")
     if not quiet:
         print("\n".join(rows))
-        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in ('flt_loss.png', 'flt_grad_norm.png', 'flt_residual_norm.png', 'flt_test_time_loops.png'))}")
+        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in ('flt_loss.png', 'flt_grad_norm.png', 'flt_residual_norm.png', 'flt_test_time_loops.png'))}, flt_map_<recipe>.png")
     return rows
 
 

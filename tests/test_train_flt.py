@@ -1,4 +1,5 @@
-"""train_flt.py end to end at tiny sizes: files written, exact resume, DDP, NaN stop."""
+"""train_flt.py end to end at tiny sizes (files written, exact resume, DDP, NaN stop), its recipe and
+diagnostics, and the corpora it reads (corpora.py)."""
 
 import json
 import math
@@ -13,6 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import corpora  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
 from training import load_checkpoint, read_log  # noqa: E402
@@ -59,11 +61,15 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     for r in steps:
-        assert set(r) == {"step", "loss", "lr", "grad_norm", "block_grad_norms", "residual_norms"}
+        assert set(r) == {"step", "loss", "lr", "grad_norm", "block_grad_norms", "residual_norms", "out_grad_norms"}
         assert len(r["block_grad_norms"]) == 1 and len(r["residual_norms"]) == 2
+        assert [len(row) for row in r["out_grad_norms"]] == [1, 1]         # one per (loop, block)
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     s = json.load(open(os.path.join(out, "summary.json")))
     assert s == json.loads(json.dumps(summary))
+    res = np.array([r["residual_norms"] for r in steps])
+    assert s["residual_norm_peak"] == res.max(0).tolist()
+    assert s["residual_norm_peak_step"] == [steps[i]["step"] for i in res.argmax(0)]
     for key in ("final_val_loss", "final_val_bpb", "grad_osc", "max_residual_norm", "diverged",
                 "diverged_reason", "test_loops", "test_val_loss", "params", "wall_time_s", "unigram_entropy"):
         assert key in s
@@ -93,11 +99,11 @@ def test_resume_gives_the_identical_loss_curve(tmp_path, text_file):
 
 
 def test_batches_are_a_function_of_seed_and_step(text_file):
-    train, _, _, _ = train_flt.load_data(type("C", (), {"data": text_file})())
+    train, _, _, _ = corpora.load_data(type("C", (), {"data": text_file})())
     C = type("C", (), {"seed": 1, "batch_size": 4, "block_size": 16})()
-    x1, y1 = train_flt.get_batch(train, C, step=5)
-    x2, _ = train_flt.get_batch(train, C, step=5)
-    x3, _ = train_flt.get_batch(train, C, step=6)
+    x1, y1 = corpora.get_batch(train, C, step=5)
+    x2, _ = corpora.get_batch(train, C, step=5)
+    x3, _ = corpora.get_batch(train, C, step=6)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3) and torch.equal(x1[:, 1:], y1[:, :-1])
 
 
@@ -142,9 +148,9 @@ def test_stdlib_docstrings_are_gathered_deduplicated_and_cached(tmp_path):
                                          '    def f(self):\n        """Module doc."""\n')
     (root / "broken.py").write_text("def (:\n")
     (root / "test" / "test_x.py").write_text('"""Skipped test doc."""\n')
-    docs = train_flt.stdlib_docstrings(str(root))
+    docs = corpora.stdlib_docstrings(str(root))
     assert sorted(docs) == ["Class doc.", "Module doc."]
-    train, val = train_flt.prepare_stdlib(str(tmp_path / "cache"), root=str(root))
+    train, val = corpora.prepare_stdlib(str(tmp_path / "cache"), root=str(root))
     assert train.dtype == np.uint8 and len(train) + len(val) == len("Class doc.\n\nModule doc.")
     assert os.path.exists(tmp_path / "cache" / "train.bin") and os.path.exists(tmp_path / "cache" / "val.bin")
 
@@ -155,7 +161,8 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     figs = str(tmp_path / "figs")
     rows = train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
     assert len(rows) == 4 and "| LT | 2 |" in rows[2] and "| FLT | 3 |" in rows[3]
-    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png"):
+    for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png",
+                "flt_map_muon.png"):                                  # the stability map of the default recipe
         assert os.path.getsize(os.path.join(figs, png)) > 1000
     with pytest.raises(FileNotFoundError, match="config.json"):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
@@ -172,3 +179,133 @@ def test_ddp_two_processes_gloo_keep_identical_weights(tmp_path, text_file):
     assert summary["ddp_replicas_identical"] is True
     assert "world size 2" in proc.stderr + proc.stdout
     assert len([r for r in read_log(str(out)) if "loss" in r]) == 4
+
+
+def test_default_recipe_is_the_authors_and_adamw_is_ours(tmp_path, text_file):
+    out, _ = run(tmp_path, text_file, "muon", "--max_steps=2")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert (cfg["optim"], cfg["lr"], cfg["embedding_lr"], cfg["unembedding_lr"]) == ("muon", 0.02, 0.2, 0.004)
+    assert (cfg["schedule"], cfg["weight_decay"], cfg["beta1"], cfg["beta2"], cfg["adam_eps"]) == \
+        ("warmdown", 0.0, 0.8, 0.95, 1e-10)
+    assert cfg["qk_norm"] and cfg["softcap"] == 15.0 and cfg["lm_head_std"] == 1e-3
+    out, _ = run(tmp_path, text_file, "adamw", "--max_steps=2", "--optim=adamw", "--weight_decay=0.05")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    given = {"weight_decay": 0.05, "warmup_steps": 2}                  # given flags win (warmup_steps: TINY)
+    assert {k: cfg[k] for k in train_flt.RECIPES["adamw"]} == {**train_flt.RECIPES["adamw"], **given}
+    assert cfg["lr"] == 3e-3 and cfg["schedule"] == "cosine" and not cfg["qk_norm"] and cfg["lm_head_std"] == 0
+    with pytest.raises(ValueError, match="embedding_lr"):
+        run(tmp_path, text_file, "bad", "--optim=adamw", "--embedding_lr=0.1")
+
+
+def test_warmdown_and_momentum_schedules():
+    C = type("C", (), dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100))()
+    lrm = [train_flt.lr_multiplier(it, C) for it in (0, 50, 80, 81, 90, 99)]
+    assert lrm == [1.0, 1.0, 1.0, 19 / 20, 10 / 20, 1 / 20]           # flat, then linear to 0 over the last 20
+    mom = [train_flt.muon_momentum(it) for it in (0, 150, 300, 2000)]
+    assert [round(m, 10) for m in mom] == [0.85, 0.9, 0.95, 0.95]
+
+
+def test_muon_momentum_and_lr_reach_the_optimizers(tmp_path, text_file, monkeypatch):
+    seen = []
+    step = torch.optim.Muon.step
+
+    def spy(self, *a, **k):
+        seen.append((self.param_groups[0]["momentum"], self.param_groups[0]["lr"]))
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Muon, "step", spy)
+    run(tmp_path, text_file, "spy", "--max_steps=10", "--warmup_steps=0")
+    assert [round(m, 10) for m, _ in seen[:3]] == [0.85, round(0.85 + 0.1 / 300, 10), round(0.85 + 0.2 / 300, 10)]
+    assert [round(lr, 10) for _, lr in seen] == [0.02] * 9 + [0.01]   # warmdown: the last 2 of 10 steps
+
+
+def test_hooks_record_the_gradient_of_every_block_output_per_loop():
+    torch.manual_seed(0)
+    model = LoopedTransformer(train_flt.LoopedConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2,
+                                                     n_embd=16, n_loops=3, variant="FLT", loss_type="STEP"))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    outs = []
+
+    def keep(module, args, out):
+        out.retain_grad()
+        outs.append(out)
+
+    spy = [b.register_forward_hook(keep) for b in model.blocks]
+    rec = train_flt.BlockGradRecorder(model.blocks)
+    rec.start(3, 2)
+    rec.next_micro()
+    x = torch.randint(0, 32, (2, 8))
+    model(x, x)[1].backward()
+    got = rec.norms(1)
+    assert [len(row) for row in got] == [2, 2, 2]
+    want = [[round(outs[2 * t + i].grad.norm().item(), 6) for i in range(2)] for t in range(3)]
+    assert np.allclose(got, want, rtol=1e-5) and len(set(np.ravel(got))) == 6
+    for h in spy:
+        h.remove()
+
+
+def test_collapse_rule_separates_a_collapse_from_a_slow_learner():
+    H = 3.33                                              # unigram entropy of the data
+    collapsed = [5.5, 4.0, 3.4, 3.34, 3.33, 3.33]         # a K-loop run stuck at the unigram level ...
+    reference = [5.5, 3.9, 3.0, 2.7, 2.5, 2.38]           # ... while the 1-loop run at the same lr learned
+    slow = [5.5, 5.0, 4.2, 3.6, 3.35, 3.25]               # at a small lr: slow ...
+    slow_reference = [5.5, 5.0, 4.1, 3.6, 3.34, 3.24]     # ... and the 1-loop run just as slow
+    assert train_flt.collapse_verdict(collapsed[-1], reference[-1], H)[0] == "collapse"
+    assert train_flt.collapse_verdict(slow[-1], slow_reference[-1], H)[0] == "no"
+    assert train_flt.collapse_verdict(2.56, 2.38, H)[0] == "partial"       # LT at K=2 under AdamW
+    assert train_flt.collapse_verdict(3.33, 3.32, H)[0] == "undetermined"   # the reference learned nothing
+    # the old plateau rule calls the slow learner a collapse
+    assert slow[-1] >= 0.95 * H
+
+
+def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
+    ref, r = run(tmp_path, text_file, "ref", "--max_steps=15", "--n_loops=1")
+    _, s = run(tmp_path, text_file, "k2", "--max_steps=15", f"--reference={ref}")
+    assert s["reference_val_loss"] == r["final_val_loss"] < s["unigram_entropy"] - 0.05
+    assert (s["collapse"], s["collapse_kept"]) == train_flt.collapse_verdict(
+        s["final_val_loss"], r["final_val_loss"], s["unigram_entropy"])
+    with pytest.raises(ValueError, match="max_steps"):
+        run(tmp_path, text_file, "k2b", "--max_steps=5", f"--reference={ref}")
+
+
+def test_zigzag_statistic_separates_a_zigzag_from_minibatch_noise():
+    rng = np.random.default_rng(0)
+    steps = np.arange(200)
+    trend = np.exp(-steps / 80)                           # a slowly falling gradient norm
+    noise = np.exp(np.log(1 + trend) + 0.2 * rng.standard_normal(200))
+    zigzag = np.exp(np.log(1 + trend) + 0.2 * rng.standard_normal(200) + 0.4 * (-1) ** steps)
+    assert abs(train_flt.grad_zigzag(noise) - 0.3) < 0.15
+    assert train_flt.grad_zigzag(zigzag) > 0.7
+
+
+def test_listops_loss_and_accuracy_read_only_the_answer():
+    rows = corpora.listops_corpus(50, 3, 64)
+    assert len({r.tobytes() for r in rows}) == 50
+    for x, y in rows:
+        (pos,) = np.nonzero(y >= 0)[0]                     # exactly one target per row ...
+        text = bytes(x[:pos + 1].tolist()).decode()
+        assert text.endswith("=")                          # ... the one after '=' ...
+        assert y[pos] - ord("0") == corpora.listops_value(text[:-1].split())   # ... and it is the value
+    torch.manual_seed(0)
+    model = LoopedTransformer(train_flt.LoopedConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2,
+                                                     n_embd=16, n_loops=2, lm_head_std=0.5))
+    x, y = torch.from_numpy(rows[:8, 0]), torch.from_numpy(rows[:8, 1])
+    logits, loss = model(x, y)
+    at = y >= 0
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits[at], y[at]))
+    C = type("C", (), {"eval_batches": 1, "batch_size": 8, "seed": 0})()
+    rt = type("RT", (), {"device": "cpu", "autocast": staticmethod(lambda: torch.autocast("cpu", enabled=False))})
+    losses, acc = train_flt.eval_loop_losses(model, rows[:8], C, rt, 2, accuracy=True)
+    xb, yb = corpora.get_batch(rows[:8], C, step=0, stream=1)
+    want = (model(xb)[0].argmax(-1) == yb)[yb >= 0].float().mean().item()
+    assert math.isclose(acc[-1], want) and len(losses) == 2
+
+
+def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):
+    s = train_flt.main(["--data=listops", f"--out_dir={tmp_path}/l", "--listops_examples=300", "--block_size=64",
+                        *TINY[:3], "--batch_size=4", "--n_loops=2", "--max_steps=3", "--eval_batches=2"])
+    assert len(s["test_val_accuracy"]) == 4 and s["final_val_accuracy"] == s["test_val_accuracy"][1]
+    assert s["unigram_entropy"] < math.log(10) + 1e-9 and "final_val_bpb" not in s
+    with pytest.raises(ValueError, match="listops"):
+        train_flt.main(["--listops_depth=2", f"--out_dir={tmp_path}/m"])

@@ -1,0 +1,186 @@
+"""
+The corpora train_flt.py trains its looped language models on, each a pair of
+arrays (train, val) that get_batch draws from:
+
+  stdlib      the docstrings of Python's standard library, as bytes (every
+              machine with Python has them; nothing is downloaded), cached once
+  listops     short ListOps expressions followed by '=' and their value, with a
+              target only on the value (a corpus where more loops should help)
+  a text file its bytes, 90% train / 10% val
+  a folder    nanoGPT-style train.bin / val.bin of uint16 token ids
+
+Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_corpus,
+load_data (the switch), get_batch, unigram_entropy (the context-free loss).
+"""
+
+import ast
+import hashlib
+import json
+import os
+import sysconfig
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import training
+from data_lra import LISTOPS_OPS, listops_value
+
+
+def stdlib_docstrings(root=None):
+    """The docstrings of every module, class and function in the Python standard
+    library's source (site-packages and test folders skipped), deduplicated, in a
+    fixed order. Every machine with Python has them; nothing is downloaded."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    skip = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+    files = []
+    for d, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(s for s in subdirs if s not in skip)
+        files += [os.path.join(d, n) for n in sorted(names) if n.endswith(".py")]
+    seen, docs = set(), []
+    for path in tqdm(files, desc="stdlib docstrings", leave=False):
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and doc not in seen:
+                    seen.add(doc)
+                    docs.append(doc)
+    return docs
+
+
+STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are rebuilt
+
+
+def prepare_stdlib(data_dir, root=None):
+    """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
+    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
+    A sidecar stdlib.json holds the recipe version and each file's size and sha256;
+    a cache that disagrees with it (truncated, edited, older) is rebuilt."""
+    paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
+    sidecar = os.path.join(data_dir, "stdlib.json")
+    if not _stdlib_cache_ok(sidecar, paths):
+        docs = stdlib_docstrings(root)
+        order = np.random.default_rng(0).permutation(len(docs))
+        raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
+        n = int(0.9 * len(raw))
+        os.makedirs(data_dir, exist_ok=True)
+        for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
+            tmp = f"{path}.tmp.{os.getpid()}"
+            part.tofile(tmp)
+            os.replace(tmp, path)
+        training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
+            k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
+        print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
+              f"into {data_dir}/train.bin, val.bin")
+    return np.fromfile(paths["train"], dtype=np.uint8), np.fromfile(paths["val"], dtype=np.uint8)
+
+
+def _stdlib_cache_ok(sidecar, paths):
+    try:
+        with open(sidecar) as f:
+            meta = json.load(f)
+        return meta["version"] == STDLIB_VERSION and all(
+            meta["files"][k] == [os.path.getsize(p), _sha256(p)] for k, p in paths.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def listops_expression(rng, depth):
+    """A random ListOps expression (tokens of data_lra.py's ListOps, parens left
+    out): an operator over 2 or 3 arguments, each a digit or, while depth > 1,
+    with probability 1/2 a nested expression."""
+    args = [listops_expression(rng, depth - 1) if depth > 1 and rng.random() < 0.5 else [str(rng.integers(10))]
+            for _ in range(rng.integers(2, 4))]
+    return [LISTOPS_OPS[rng.integers(len(LISTOPS_OPS))], *sum(args, []), "]"]
+
+
+def listops_corpus(n, depth, block_size, seed=0):
+    """n distinct expressions written as text, then '=', then their value, e.g.
+    '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
+    bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
+    is the answer digit. So the loss, and the accuracy, read the answer only: how
+    well the model evaluates the expression, a computation more loops can help.
+    Expressions longer than block_size + 1 bytes are drawn again."""
+    rng, seen, rows = np.random.default_rng(seed), set(), []
+    for _ in tqdm(range(50 * n), desc="listops", leave=False):
+        tokens = listops_expression(rng, depth)
+        text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
+        if len(text) <= block_size + 1 and text not in seen:
+            seen.add(text)
+            xy = np.full((2, block_size), -1, dtype=np.int64)
+            xy[0] = ord(" ")
+            xy[0, :len(text) - 1] = list(text[:-1])
+            xy[1, len(text) - 2] = text[-1]                   # the target after '=' is the value
+            rows.append(xy)
+            if len(rows) == n:
+                return np.stack(rows)
+    raise ValueError(f"only {len(rows)} distinct ListOps expressions of depth {depth} fit block_size={block_size}; "
+                     f"ask for fewer (--listops_examples) or raise --block_size or --listops_depth")
+
+
+def load_data(C):
+    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR."""
+    if C.data == "listops":
+        rows = listops_corpus(C.listops_examples + 2000, C.listops_depth, C.block_size)
+        return rows[2000:], rows[:2000], 256, False
+    if C.data == "stdlib":
+        train, val = prepare_stdlib(C.data_dir)
+        return train, val, 256, True
+    if os.path.isdir(C.data):
+        paths = [os.path.join(C.data, f) for f in ("train.bin", "val.bin")]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise FileNotFoundError(f"--data={C.data} is a folder but {', '.join(missing)} is missing; "
+                                    f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
+        for p in paths:
+            if os.path.getsize(p) % 2 or os.path.getsize(p) == 0:
+                raise ValueError(f"{p} holds {os.path.getsize(p)} bytes, not a whole number of uint16 "
+                                 f"token ids (2 bytes each); is it a nanoGPT-style token file?")
+        train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
+        for name, part in (("train.bin", train), ("val.bin", val)):
+            if len(part) <= 5e7 and len(part) and int(part.max()) >= C.vocab_size:
+                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={C.vocab_size}; "
+                                 f"set --vocab_size to the tokenizer's vocabulary size")
+        return train, val, C.vocab_size, False
+    if os.path.isfile(C.data):
+        raw = np.fromfile(C.data, dtype=np.uint8)
+        n = int(0.9 * len(raw))
+        return raw[:n], raw[n:], 256, True
+    raise FileNotFoundError(f"--data={C.data}: no such file or folder. Give 'stdlib', a text file, "
+                            f"or a folder holding train.bin and val.bin")
+
+
+def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
+    """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
+    by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
+    the same call always gives the same batch, which makes resume exact. ListOps
+    data (n, 2, block_size) gives C.batch_size of its rows instead."""
+    rng = np.random.default_rng([C.seed, step, micro, rank, stream])
+    if data.ndim == 3:
+        xy = torch.from_numpy(data[rng.integers(0, len(data), size=C.batch_size)])
+        return xy[:, 0].to(device), xy[:, 1].to(device)
+    ix = rng.integers(0, len(data) - C.block_size - 1, size=C.batch_size)
+    xy = torch.from_numpy(np.stack([np.asarray(data[i:i + C.block_size + 1], dtype=np.int64) for i in ix]))
+    x, y = xy[:, :-1], xy[:, 1:]
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def unigram_entropy(data, vocab):
+    """H = -sum_v p(v) log p(v) in nats: the loss of the best context-free model
+    (for ListOps, of the answers)."""
+    data = data[:, 1][data[:, 1] >= 0] if data.ndim == 3 else data[:10_000_000]
+    counts = np.bincount(np.asarray(data), minlength=vocab).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
