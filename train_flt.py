@@ -84,7 +84,6 @@ from tqdm import tqdm
 
 import training
 from corpora import get_batch, load_data, unigram_entropy
-from corpora import prepare_stdlib  # noqa: F401 (tests/test_reliability.py reaches the stdlib cache here)
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import corpora
 import train_flt
 import train_spt
 from training import load_checkpoint, read_log, run_cli, save_checkpoint
@@ -269,7 +270,7 @@ def test_stdlib_cache_is_verified_and_rebuilt(tmp_path):
     root.mkdir()
     (root / "m.py").write_text('"""' + "A docstring that is long enough. " * 20 + '"""\n')
     cache = tmp_path / "cache"
-    train, val = train_flt.prepare_stdlib(str(cache), root=str(root))
+    train, val = corpora.prepare_stdlib(str(cache), root=str(root))
     (cache / "train.bin").write_bytes(bytes(train[:50]))        # truncated by hand
-    train2, val2 = train_flt.prepare_stdlib(str(cache), root=str(root))
+    train2, val2 = corpora.prepare_stdlib(str(cache), root=str(root))
     assert np.array_equal(train2, train) and np.array_equal(val2, val)
