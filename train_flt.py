@@ -329,9 +329,8 @@ def main(argv=None):
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     if resume:                                 # the folder given, the checkpoint's config
         ckpt = training.load_checkpoint(ckpt_path)
-        given = cfg
-        cfg, changed = training.resume_config(ckpt["config"], given, training.given_keys(argv), RESUME_SAFE)
-        cfg["stop_step"], cfg["debug"] = given["stop_step"], given["debug"]     # this call only
+        cfg, changed = training.resume_config(ckpt["config"], cfg, training.given_keys(argv), RESUME_SAFE,
+                                              per_call=("stop_step", "debug"))
         if changed:
             print(f"resuming with changed flags (checkpoint's -> now): {changed}")
     C = SimpleNamespace(**cfg)

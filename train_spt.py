@@ -659,15 +659,13 @@ def main(argv=None):
         return analysis.report(cfg["report"])
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = None
+    check_out_dir(cfg["out_dir"], cfg["overwrite"], cfg["init_from"] == "resume")
     if cfg["init_from"] == "resume":          # the folder given, the checkpoint's config
-        check_out_dir(cfg["out_dir"], resume=True)
         resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-        given = cfg
-        cfg, changed = resume_config(resume["config"], given, given_keys(argv), RESUME_SAFE)
-        cfg["halt_after_steps"], cfg["debug"] = given["halt_after_steps"], given["debug"]  # this call only
+        cfg, changed = resume_config(resume["config"], cfg, given_keys(argv), RESUME_SAFE,
+                                     per_call=("halt_after_steps", "debug"))
         if changed:
             print(f"resuming with changed flags (checkpoint's -> now): {changed}")
-    check_out_dir(cfg["out_dir"], cfg["overwrite"], resume is not None)
     rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
     t_start = time.time()
 

@@ -142,13 +142,14 @@ def parse_int_list(key, text):
     return values
 
 
-def resume_config(saved, given, explicit, safe):
+def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     """The config a resumed run continues with: the checkpoint's own, with out_dir
     set to the folder given (a moved or copied folder resumes where it now is), and
     with each flag named on this command line (`explicit`) applied when it is in
     `safe` (it does not change what has been computed so far, e.g. lr, max_hours).
-    A flag that differs from the checkpoint's and is not safe is refused. Returns
-    (config, changed), changed = {key: [checkpoint's value, new value]}."""
+    A flag that differs from the checkpoint's and is not safe is refused. Flags in
+    `per_call` (e.g. where to stop this call) always take this command line's value.
+    Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
     config, changed, refused = dict(saved), {}, []
     for k in [k for k in given if k not in saved]:        # keys added to the script since
         config[k] = given[k]
@@ -166,6 +167,7 @@ def resume_config(saved, given, explicit, safe):
     if saved.get("out_dir") != given["out_dir"]:
         changed["out_dir"] = [saved.get("out_dir"), given["out_dir"]]
     config["out_dir"], config["init_from"] = given["out_dir"], "resume"
+    config.update({k: given[k] for k in per_call})
     config["resumes"] = list(saved.get("resumes", [])) + [changed]
     return config, changed
 
