@@ -87,105 +87,114 @@ from corpora import get_batch, load_data, unigram_entropy
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
-# defaults: every one can be overridden with --key=value
-out_dir = "out/flt"
-data = "stdlib"          # "stdlib" (docstrings of Python's standard library, bytes), "listops" (expressions
-                         # and their values, loss on the answers), a text file (bytes), or a folder with
-                         # train.bin/val.bin (uint16 ids)
-listops_depth = 3        # listops only: nesting depth of the expressions
-listops_examples = 20000 # listops only: distinct training expressions (plus 2,000 for val)
-data_dir = "data/stdlib_docstrings"   # where the stdlib corpus is cached
-vocab_size = 256         # only for train.bin/val.bin folders; byte data always uses 256
-# model (looped.py)
-variant = "FLT"          # LT, LT_i, LT_ia, FLT_res, FLT
-n_loops = 12
-n_layer = 2
-n_head = 4
-n_embd = 128
-ffn_mult = 4
-block_size = 128
-loss_type = "END"        # END, STEP, FEW
-# optimisation: the authors' recipe; --optim=adamw switches every key of RECIPES["adamw"] to ours
-optim = "muon"           # muon: theirs (Muon on the block matrices, AdamW on embedding and head); adamw: ours
-batch_size = 16
-grad_accum = 1           # micro-batches per optimizer step (per rank)
-max_steps = 400
-lr = 0.02                # muon: the block matrices' lr; adamw: the lr of everything
-embedding_lr = 0.2       # muon only: AdamW lr of the token embedding, times s = (n_embd / 768) ** -0.5
-unembedding_lr = 0.004   # muon only: AdamW lr of the lm head, times s
-lr_mult = 1.0            # multiplies every lr above (the stability map's lr axis)
-warmup_steps = 0
-schedule = "warmdown"    # warmdown (flat, then linear to 0 over the last warmdown_frac), cosine, linear, constant
-warmdown_frac = 0.2
-min_lr_frac = 0.1        # cosine and linear only
-weight_decay = 0.0
-beta1 = 0.8
-beta2 = 0.95
-adam_eps = 1e-10
-qk_norm = True           # model (looped.py): QK-norm after RoPE
-softcap = 15.0           # model: logit soft cap; 0 = none
-lm_head_std = 1e-3       # model: lm head init std; 0 = zero
-grad_clip = 1.0          # 0 = no clipping
-# evaluation, diagnostics, checkpoints
-eval_interval = 100
-eval_batches = 20
-osc_steps = 200          # N of the gradient-oscillation statistics
-reference = ""           # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
-test_loops = 0           # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
-ckpt_interval = 200
-init_from = "scratch"    # scratch or resume (from out_dir/ckpt.pt)
-stop_step = 0            # stop after this many steps (checkpointed), keeping the schedule of max_steps; 0 = run to max_steps
-sample_tokens = 0        # print a sample of this many bytes at the end (byte data)
-# system
-seed = 1337
-device = "auto"          # auto, cpu, cuda, cuda:1, mps
-dtype = "auto"           # auto (bfloat16 on a capable GPU, else float32), float32, bfloat16
-compile = False          # torch.compile the model
-compare = ""             # DIR1,DIR2,...: draw the comparison figures of finished runs into out_dir and exit
-overwrite = False        # replace the results of an earlier run in out_dir
-debug = False            # show the traceback of a user error
-DEFAULTS = {k: v for k, v in list(globals().items())
-            if not k.startswith("_") and isinstance(v, (int, float, bool, str)) and k not in ("training",)}
-RECIPES = {   # keys not given on the command line take the recipe's value
-    "muon": {k: DEFAULTS[k] for k in ("lr", "warmup_steps", "schedule", "weight_decay", "beta1", "adam_eps",
-                                      "qk_norm", "softcap", "lm_head_std")},
+# Defaults: every key is a --key=value flag (--help lists them). The optimisation keys
+# hold the authors' recipe; --optim=adamw switches every key of RECIPES["adamw"] to ours.
+
+DEFAULTS = dict(
+    out_dir="out/flt",
+    data="stdlib",           # "stdlib" (docstrings of Python's standard library, bytes), "listops" (expressions
+                             # and their values, loss on the answers), a text file (bytes), or a folder with
+                             # train.bin/val.bin (uint16 ids)
+    listops_depth=3,         # listops only: nesting depth of the expressions
+    listops_examples=20000,  # listops only: distinct training expressions (plus 2,000 for val)
+    data_dir="data/stdlib_docstrings",   # where the stdlib corpus is cached
+    vocab_size=256,          # only for train.bin/val.bin folders; byte data always uses 256
+    # model (looped.py)
+    variant="FLT",           # LT, LT_i, LT_ia, FLT_res, FLT
+    n_loops=12, n_layer=2, n_head=4, n_embd=128, ffn_mult=4, block_size=128,
+    loss_type="END",         # END, STEP, FEW
+    # optimisation
+    optim="muon",            # muon: theirs (Muon on the block matrices, AdamW on embedding and head); adamw: ours
+    batch_size=16,
+    grad_accum=1,            # micro-batches per optimizer step (per rank)
+    max_steps=400,
+    lr=0.02,                 # muon: the block matrices' lr; adamw: the lr of everything
+    embedding_lr=0.2,        # muon only: AdamW lr of the token embedding, times s = (n_embd / 768) ** -0.5
+    unembedding_lr=0.004,    # muon only: AdamW lr of the lm head, times s
+    lr_mult=1.0,             # multiplies every lr above (the stability map's lr axis)
+    warmup_steps=0,
+    schedule="warmdown",     # warmdown (flat, then linear to 0 over the last warmdown_frac), cosine, linear, constant
+    warmdown_frac=0.2,
+    min_lr_frac=0.1,         # cosine and linear only
+    weight_decay=0.0, beta1=0.8, beta2=0.95, adam_eps=1e-10,
+    qk_norm=True,            # model (looped.py): QK-norm after RoPE
+    softcap=15.0,            # model: logit soft cap; 0 = none
+    lm_head_std=1e-3,        # model: lm head init std; 0 = zero
+    grad_clip=1.0,           # 0 = no clipping
+    # evaluation, diagnostics, checkpoints
+    eval_interval=100, eval_batches=20,
+    osc_steps=200,           # N of the gradient-oscillation statistics
+    reference="",            # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
+    test_loops=0,            # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
+    ckpt_interval=200,
+    init_from="scratch",     # scratch or resume (from out_dir/ckpt.pt)
+    stop_step=0,             # stop after this many steps (checkpointed), keeping the schedule of max_steps;
+                             # 0 = run to max_steps
+    sample_tokens=0,         # print a sample of this many bytes at the end (byte data)
+    # system
+    seed=1337,
+    device="auto",           # auto, cpu, cuda, cuda:1, mps
+    dtype="auto",            # auto (bfloat16 on a capable GPU, else float32), float32, bfloat16
+    compile=False,           # torch.compile the model
+    compare="",              # DIR1,DIR2,...: draw the comparison figures of finished runs into out_dir and exit
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    debug=False,             # show the traceback of a user error
+)
+
+# The recipes (--optim), applied over DEFAULTS and before the command line: a key given
+# as a flag keeps the flag's value.
+RECIPES = {
+    "muon": {},              # the authors': the values in DEFAULTS
     "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
                   qk_norm=False, softcap=0.0, lm_head_std=0.0),       # ours, before issue 11
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
-# -----------------------------------------------------------------------------
+
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
                "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
 
 
-def check_config(C, argv):
-    """Refuse bad values before any work is done, naming what is allowed."""
-    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES), optim=tuple(RECIPES),
+def get_config(argv):
+    """Two passes: --optim picks the recipe's values, then every --key=value applies."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--optim=")]
+    optim = given[-1] if given else DEFAULTS["optim"]          # the last one wins, as in training.configure
+    if optim not in RECIPES:
+        raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
+    cfg = training.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
+    return cfg if cfg["compare"] else check_config(cfg, training.given_keys(argv))
+
+
+def check_config(cfg, explicit):
+    """Refuse bad values before any work is done, naming what is allowed. `explicit`:
+    the keys given on the command line (some apply only to some data or recipes)."""
+    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES),
                              schedule=("warmdown", "cosine", "linear", "constant"),
                              init_from=("scratch", "resume")).items():
-        if getattr(C, key) not in allowed:
-            raise ValueError(f"--{key}={getattr(C, key)} is not one of {allowed}")
-    training.check_ranges(vars(C), positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult",
-                                             "block_size", "batch_size", "grad_accum", "max_steps", "lr",
-                                             "embedding_lr", "unembedding_lr", "lr_mult", "adam_eps", "eval_interval", "eval_batches", "ckpt_interval", "vocab_size"),
+        if cfg[key] not in allowed:
+            raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
+    training.check_ranges(cfg, positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult", "block_size",
+                                         "batch_size", "grad_accum", "max_steps", "lr", "embedding_lr",
+                                         "unembedding_lr", "lr_mult", "adam_eps", "eval_interval",
+                                         "eval_batches", "ckpt_interval", "vocab_size"),
                           nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
                                        "sample_tokens", "min_lr_frac", "softcap", "lm_head_std"),
                           fractions=("beta1", "beta2", "warmdown_frac"))
-    if C.osc_steps < 2:
-        raise ValueError(f"--osc_steps={C.osc_steps} is out of range: the statistic needs at least 2 steps")
-    explicit = training.given_keys(argv)
-    if "vocab_size" in explicit and (C.data == "stdlib" or not os.path.isdir(C.data)):
+    if cfg["osc_steps"] < 2:
+        raise ValueError(f"--osc_steps={cfg['osc_steps']} is out of range: the statistic needs at least 2 steps")
+    data = cfg["data"]
+    if "vocab_size" in explicit and (data == "stdlib" or not os.path.isdir(data)):
         raise ValueError("--vocab_size applies only to a folder of train.bin/val.bin token ids; byte data "
                          "always has 256; leave it out")
     for key in set(explicit) & {"embedding_lr", "unembedding_lr"}:
-        if C.optim != "muon":
-            raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={C.optim} --lr sets every lr")
+        if cfg["optim"] != "muon":
+            raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={cfg['optim']} --lr sets every lr")
     for key in set(explicit) & {"listops_depth", "listops_examples"}:
-        if C.data != "listops":
+        if data != "listops":
             raise ValueError(f"--{key} applies only to --data=listops; leave it out")
-    if "data_dir" in explicit and C.data != "stdlib":
-        raise ValueError("--data_dir is where the stdlib corpus is cached; it does not apply to "
-                         f"--data={C.data}; leave it out")
+    if "data_dir" in explicit and data != "stdlib":
+        raise ValueError(f"--data_dir is where the stdlib corpus is cached; it does not apply to --data={data}; "
+                         "leave it out")
+    return cfg
 
 
 @torch.no_grad()
@@ -318,12 +327,9 @@ def reference_loss(C):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cfg = training.configure(DEFAULTS, argv, __doc__)
-    if cfg["optim"] in RECIPES:                # the recipe's values, unless given on the command line
-        cfg.update({k: v for k, v in RECIPES[cfg["optim"]].items() if k not in training.given_keys(argv)})
+    cfg = get_config(argv)
     if cfg["compare"]:
         return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
-    check_config(SimpleNamespace(**cfg), argv)
     resume = cfg["init_from"] == "resume"
     training.check_out_dir(cfg["out_dir"], cfg["overwrite"], resume)
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
