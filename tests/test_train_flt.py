@@ -1,5 +1,5 @@
 """train_flt.py end to end at tiny sizes (files written, exact resume, DDP, NaN stop), its recipe and
-diagnostics, and the corpora it reads (corpora.py)."""
+diagnostics, the corpora it reads (corpora.py) and the figures of --compare (flt_report.py)."""
 
 import json
 import math
