@@ -385,7 +385,8 @@ def main(argv=None):
     if C.compile:
         model = torch.compile(model)
     if rt.ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     training.claim_out_dir(C.out_dir, C.overwrite and not resume, rt.master)   # checks done: write
     log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if resume else None)
     if resume:
@@ -449,7 +450,8 @@ def main(argv=None):
         pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
         if done - step == 5 and rt.master:
             per_step = (time.time() - t_start) / 5
-            say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min for {last_step - done} more steps")
+            say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min "
+                f"for {last_step - done} more steps")
         if done % C.eval_interval == 0 or done == C.max_steps:
             log.log(step=done, val_loss=eval_loop_losses(raw, val, C, rt, C.n_loops)[-1])
         if done % C.ckpt_interval == 0 or done == last_step:
