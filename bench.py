@@ -18,6 +18,9 @@ Sections (--only, comma list):
   data        PathFinder and ListOps generation rate, PathFinder cache load time
   cuda        on a GPU: tokens/s and model FLOPs utilisation (MFU) with bf16
               autocast (and torch.compile), ours and the reference
+  cpu         the CPU preset's PathFinder training step (T=1024, 1 and 4 layers): time
+              per image of each speed option (2 threads, bf16 autocast, torch.compile,
+              batch 16 / 64) as a ratio to the plain step (fp32, 1 thread, batch 32)
 
 How it measures. Machines are shared and noisy, so no number here is compared
 with a number from another run. Every comparison is made inside one run, with the
@@ -46,7 +49,7 @@ from model import Transformer, TransformerConfig, sinusoidal_table
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
-only = "throughput,memory,looped,data,cuda"
+only = "throughput,memory,looped,data,cuda,cpu"
 quick = False            # reduced sizes (labelled as such in the tables), < 2 min on 2 cores
 out = "bench.json"
 reps = 0                 # timed repetitions per measurement; 0 = the section's default
@@ -57,12 +60,13 @@ threads = 1              # torch.set_num_threads on CPU; 0 = torch's default (on
                          # on a shared machine two OpenMP threads that spin-wait for a busy core made
                          # steps 3-10x slower than one thread (measured on the 2-core dev box)
 
-SECTIONS = ("throughput", "memory", "looped", "data", "cuda")
+SECTIONS = ("throughput", "memory", "looped", "data", "cuda", "cpu")
 
 # The paper's LRA configurations (model.py names).
 PATHFINDER = dict(n_layer=4, n_embd=128, n_head=8, ffn_mult=1)          # T = 1024
 TEXT = dict(n_layer=6, n_embd=512, n_head=8, ffn_mult=4)                # T = 4096, vocab 258
 MID = dict(n_layer=2, n_embd=256, n_head=8, ffn_mult=4)                 # the sequence-length sweep
+CPU_PRESET = dict(n_embd=64, n_head=4, ffn_mult=1)                      # train_spt.py --preset=cpu, T = 1024
 
 
 # -----------------------------------------------------------------------------
@@ -482,7 +486,63 @@ def bench_cuda(cfg, dev):
     return dict(gpu=name, peak_flops=peak, compile=cfg["compile"], reps=reps, rows=results)
 
 
-BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_looped, data=bench_data, cuda=bench_cuda)
+# -----------------------------------------------------------------------------
+# 6. Speed options for the CPU preset (issue 15): which make a CPU step faster?
+
+def cpu_option_steps(dims, T, B):
+    """name -> (zero-argument training step, images per call) for the plain step
+    and each option; one model per option, same init, so each keeps its own state."""
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    options = {"plain (fp32, 1 thread, B=32)": dict(threads=1),
+               "2 threads": dict(threads=2),
+               "bf16 autocast": dict(threads=1, autocast=bf16),
+               "torch.compile": dict(threads=1, compile_model=True),
+               "batch 16": dict(threads=1, B=B // 2),
+               "batch 64": dict(threads=1, B=B * 2)}
+    steps = {}
+    for name, o in options.items():
+        cfg = TransformerConfig(vocab_size=258, n_classes=2, max_len=T, dropout=0.0, **dims)
+        torch.manual_seed(0)
+        model = Transformer(cfg).train()
+        b = o.get("B", B)
+        step = make_step(model, b, T, "cpu", o.get("autocast", nullcontext), o.get("compile_model", False))
+
+        def run(step=step, n=o["threads"]):
+            torch.set_num_threads(n)
+            step()
+        steps[name] = (run, b)
+    return steps
+
+
+def bench_cpu(cfg, dev):
+    T, B = 1024, 32
+    depths = [1] if cfg["quick"] else [1, 4]
+    reps = cfg["reps"] or (2 if cfg["quick"] else 5)
+    print(f"\n## CPU preset training step, PathFinder T={T} (n_embd=64, 4 heads, ffn x1): seconds per "
+          f"image, ratio to the plain step (interleaved reps, medians; < 1: the option is faster)\n")
+    results = []
+    for depth in depths:
+        steps = cpu_option_steps({**CPU_PRESET, "n_layer": depth}, T, B)
+        times = interleaved({k: v[0] for k, v in steps.items()}, reps, warmup=2)
+        per_image = {k: [t / steps[k][1] for t in times[k]] for k in steps}
+        base = per_image["plain (fp32, 1 thread, B=32)"]
+        for name in steps:
+            results.append(dict(depth=depth, option=name, s_per_image=statistics.median(per_image[name]),
+                                ratio=paired_ratio(per_image[name], base), reps=reps))
+            print(f"  depth {depth}, {name}: {results[-1]['s_per_image'] * 1e3:.1f} ms/image, "
+                  f"ratio {results[-1]['ratio']:.3f}", flush=True)
+    torch.set_num_threads(cfg["threads"] or torch.get_num_threads())
+    print()
+    print(markdown_table(results, [("depth", "layers", "d"), ("option", "option", ""),
+                                   ("s_per_image", "s / image", ".4f"), ("ratio", "ratio to plain", ".3f"),
+                                   ("reps", "reps", "d")]))
+    wins = sorted({r["option"] for r in results if r["ratio"] <= 0.9})
+    print(f"\nadopt (>= 10% faster at every depth measured): "
+          f"{[w for w in wins if all(r['ratio'] <= 0.9 for r in results if r['option'] == w)] or 'none'}")
+    return dict(rows=results)
+
+
+BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_looped, data=bench_data, cuda=bench_cuda, cpu=bench_cpu)
 
 
 # -----------------------------------------------------------------------------

@@ -133,15 +133,31 @@ TASKS = {   # depth = n_layer
 }
 
 # Named sets of overrides (--preset=...), applied after the task's defaults and before
-# the command line. Ours, not Amos et al.'s: see the README's departures table.
+# the command line: "*" for every task, then the task's own. Ours, not Amos et al.'s:
+# see the README's departures table and "The LRA rescue on a CPU".
 PRESETS = {
     "": {},
-    # The recipe of the README's CPU-scale LRA runs: a few epochs, so a warmup of a few
-    # percent of the phase and a cosine decay instead of thousands of warmup steps at a
-    # constant rate; clipping and early stopping as in our first runs.
-    "cpu": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
-                grad_clip=1.0, patience=20),
+    "cpu": {
+        # Runs of a few epochs: a warmup of 5% of the phase and a cosine decay instead of
+        # thousands of warmup steps at a constant rate; clipping and early stopping.
+        "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
+                  grad_clip=1.0, patience=20),
+        # About 55 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
+        # 8,000 images of 1,024 pixels); SPT at a higher lr, as it must get below the pixels'
+        # unigram entropy (0.79 nats) to teach anything. --depth=4 is about 4x slower.
+        "pathfinder": dict(difficulty="baseline", n_generate=10_000, depth=1, n_embd=64, n_head=4,
+                           lr=1e-3, pretrain_lr=3e-3, batch_size=32, pretrain_epochs=12, epochs=5,
+                           save_epochs="1,2,5,10"),
+        # About 55 min at depth 1: 4,800 expressions of 500-2,000 tokens, SPT 6 + finetuning 4 epochs.
+        "listops": dict(n_generate=5_000, depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3,
+                        pretrain_lr=3e-3, batch_size=32, pretrain_epochs=6, epochs=4, save_epochs="1,2,5"),
+    },
 }
+
+
+def preset_values(preset, task):
+    """The overrides --preset=<preset> makes for --task=<task>."""
+    return {**PRESETS[preset].get("*", {}), **PRESETS[preset].get(task, {})}
 
 
 RESUME_SAFE = ("lr", "pretrain_lr", "grad_clip", "max_hours", "patience", "log_every", "ckpt_every",
@@ -162,7 +178,7 @@ def get_config(argv):
     preset = next((a.split("=", 1)[1] for a in argv if a.startswith("--preset=")), "")
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
-    return check_config(configure({**DEFAULTS, **TASKS[task], **PRESETS[preset]}, argv, __doc__))
+    return check_config(configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__))
 
 
 def check_config(cfg):
@@ -204,7 +220,7 @@ def check_config(cfg):
 def default_out_dir(cfg):
     """out/<task>_d<depth>_<pretrain_epochs>ep, plus every other flag that differs
     from the task's defaults, so two different runs never share a folder."""
-    base = {**DEFAULTS, **TASKS[cfg["task"]], **PRESETS[cfg["preset"]]}
+    base = {**DEFAULTS, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
     skip = {"task", "depth", "pretrain_epochs", "out_dir", "overwrite", "device", "dtype", "compile",
             "num_workers", "debug", "log_every", "halt_after_steps"}
     extra = "".join(f"_{k}-{cfg[k]}" for k in base if k not in skip and cfg[k] != base[k])
@@ -334,6 +350,11 @@ class MaskedReconstruction(nn.Module):
             logits = self.model.reconstruct(tokens.masked_fill(hide, self.mask_id), pad_mask)
             targets = tokens.masked_fill(~hide, -100)               # read only the hidden ones
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def mask_generator(cfg):
+    """The SPT masks' random stream: a function of --seed alone (the data never is)."""
+    return torch.Generator().manual_seed(cfg["seed"] + 7)
 
 
 def draw_hidden(shape, ratio, generator):
@@ -485,7 +506,7 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
         if rt.ddp else objective
     if cfg["compile"]:
         train_obj = torch.compile(train_obj)
-    mask_gen = torch.Generator().manual_seed(cfg["seed"] + 7)
+    mask_gen = mask_generator(cfg)
     global_batch = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
     steps_per_epoch = len(train_ds) // global_batch
     max_len = train_ds.max_len

@@ -213,3 +213,35 @@ def test_report_averages_runs_that_differ_only_in_seed():
     assert len(rows) == 2
     assert "| torch |" in rows[0] and "| 2 | 0.600 +- 0.141 | 0.700 +- 0.141 |" in rows[0]
     assert "| gpt2 |" in rows[1] and "| 1 | 0.900 +- 0.000 |" in rows[1]
+
+
+# --preset=cpu (issue 15): the CPU-scale LRA setting, shrunk to 20 steps
+PRESET_20_STEPS = ["--preset=cpu", "--n_train=80", "--n_eval=16", "--batch_size=8", "--pretrain_epochs=1",
+                   "--epochs=1", "--log_every=1", "--patience=0"]
+
+
+@pytest.mark.parametrize("task,n_generate", [("pathfinder", 200), ("listops", 100)])
+def test_cpu_preset_parses_and_runs_end_to_end(tmp_path, task, n_generate):
+    cfg = train_spt.get_config([f"--task={task}", "--preset=cpu"])
+    assert (cfg["depth"], cfg["n_embd"], cfg["schedule"], cfg["pretrain_lr"]) == (1, 64, "cosine", 3e-3)
+    assert cfg["difficulty"] == ("baseline" if task == "pathfinder" else "contour_length_14")
+    assert train_spt.get_config([f"--task={task}", "--preset=cpu", "--depth=4"])["depth"] == 4  # flags win
+    out = tmp_path / "run"
+    summary = train_spt.main([f"--task={task}", *PRESET_20_STEPS, f"--n_generate={n_generate}",
+                              f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}"])
+    records = read_log(out)
+    spt_steps = {r["step"] for r in records if r.get("phase") == "spt" and "loss" in r}
+    assert len(spt_steps) == 10 and summary["steps"] == 10        # 10 SPT + 10 finetuning steps
+    assert summary["spt_best_val_loss"] is not None and 0 <= summary["test_acc"] <= 1
+
+
+def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
+    flags = ["--task=pathfinder", "--preset=cpu", "--n_generate=200", f"--data_dir={tmp_path}"]
+    a, b = (train_spt.get_config(flags + [f"--seed={s}"]) for s in (0, 1))
+    data_a, data_b = (train_spt.load_data("pathfinder", "train", c) for c in (a, b))
+    assert len(data_a) == len(data_b) == 160
+    assert all(torch.equal(data_a[i][0], data_b[i][0]) and data_a[i][1] == data_b[i][1] for i in range(160))
+    w_a, w_b = (train_spt.build_model(c, [data_a]).state_dict() for c in (a, b))
+    assert all(not torch.equal(w_a[k], w_b[k]) for k in w_a if k.endswith("attn.W_Q.weight"))
+    masks = [train_spt.draw_hidden((8, 1024), 0.5, train_spt.mask_generator(c)) for c in (a, b, a)]
+    assert not torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
