@@ -187,6 +187,41 @@ def plot_attention(maps, path, title, n_examples=2):
     plt.close(fig)
 
 
+def plot_image_attention(image, maps, path, n_queries=3):
+    """Where one image's pixels look (PathFinder: the 2-D proximity of claim 6). image:
+    the T = side**2 pixel ids; maps: stage -> layer-0 maps of that image (H, T, T).
+    Rows: query pixels spread over the drawn strokes (red +); columns: the image, then
+    the head-averaged attention of that query at each stage, titled with the map's
+    mass in the query's 3x3 neighbourhood (uniform: 9 / T). Returns those masses,
+    {stage: [one per query]}."""
+    side = math.isqrt(image.numel())
+    img = image.float().reshape(side, side)
+    order = torch.argsort(img.flatten(), descending=True, stable=True)
+    lit = max(1, int((img.flatten() > 0).sum()))
+    queries = order[torch.linspace(0, lit - 1, n_queries).long()].tolist()
+    near = (grid_distance(side) <= 1).float()
+    masses = {stage: [] for stage in maps}
+    plt, (fig, axes) = plt_figure(n_queries, 1 + len(maps), figsize=(2.3 * (1 + len(maps)), 2.3 * n_queries),
+                                  squeeze=False)
+    for row, q in enumerate(queries):
+        y, x = divmod(q, side)
+        axes[row, 0].imshow(img, cmap="gray")
+        axes[row, 0].set_title(f"query ({y}, {x})", fontsize=8)
+        for col, (stage, m) in enumerate(maps.items(), 1):
+            a = m.mean(0)[q]                                          # (T,) head-averaged row
+            masses[stage].append((a * near[q]).sum().item())
+            axes[row, col].imshow(a.reshape(side, side).numpy(), cmap="viridis")
+            axes[row, col].set_title(f"{stage}: 3x3 mass {masses[stage][-1]:.3f}", fontsize=8)
+        for ax in axes[row]:
+            ax.plot(x, y, "r+", markersize=8)
+            ax.set_xticks([]), ax.set_yticks([])
+    fig.suptitle(f"layer-0 attention of one image's pixels (uniform 3x3 mass {9 / side ** 2:.4f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return masses
+
+
 def plot_proximity(reports, scores, path):
     """Left: layer-0 mass within |i-j| <= w (and, for images, within radius r on the
     grid) for each stage, against uniform. Right: position-only scores (head 0) per stage."""

@@ -657,8 +657,10 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
 
 
 def plot_attention(maps, cfg, stage):
+    """attention_<stage>.png; returns the first example's layer-0 maps (H, T, T)."""
     analysis.plot_attention(maps, os.path.join(cfg["out_dir"], f"attention_{stage}.png"),
                             f"attention maps: {stage}")
+    return maps[0][0]
 
 
 # -----------------------------------------------------------------------------
@@ -705,10 +707,10 @@ def main(argv=None):
         print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
               f"{len(train_ds)}/{len(val_ds)}/{len(test_ds)} train/val/test; pretraining on "
               f"{pre_task}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
-    reports, scores = {}, {}
+    reports, scores, first_maps = {}, {}, {}
     if rt.master:
         reports["init"], maps, scores["init"] = proximity_report(model, val_ds, rt, cfg)
-        plot_attention(maps, cfg, "init")
+        first_maps["init"] = plot_attention(maps, cfg, "init")
 
     # Phase 1: self-pretraining (skipped when finetuning from a given checkpoint)
     spt_ckpt, spt_state = None, None
@@ -730,7 +732,7 @@ def main(argv=None):
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
     if rt.master and spt_ckpt:
         reports["spt"], maps, scores["spt"] = proximity_report(model, val_ds, rt, cfg)
-        plot_attention(maps, cfg, "spt")
+        first_maps["after SPT"] = plot_attention(maps, cfg, "spt")
         print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
     frozen = freeze(model, cfg["freeze"])
     if resume is not None:
@@ -758,7 +760,10 @@ def main(argv=None):
         summary["replica_max_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
     if rt.master:
         reports["finetune"], maps, scores["finetune"] = proximity_report(model, val_ds, rt, cfg)
-        plot_attention(maps, cfg, "finetune")
+        first_maps["finetuned"] = plot_attention(maps, cfg, "finetune")
+        if cfg["task"] in IMAGE_TASKS:                               # one image's pixels, 2-D
+            analysis.plot_image_attention(val_ds[0][0], first_maps,
+                                          os.path.join(cfg["out_dir"], "attention_2d.png"))
         for stage, r in reports.items():
             summary[f"mass_w2_{stage}"] = r["mass"]["layers"][0][analysis.PROX_WIDTHS.index(2)]
             summary[f"toeplitz_{stage}"] = r.get("toeplitz")

@@ -94,3 +94,18 @@ def test_toeplitz_score_is_one_for_a_function_of_i_minus_j():
     score, near_far = analysis.toeplitz_stats(M)
     assert score == pytest.approx(1.0) and near_far > 1
     assert analysis.toeplitz_stats(torch.randn(30, 30))[0] < 0.3
+
+
+def test_image_attention_figure_reads_the_3x3_mass_of_each_query(tmp_path):
+    side = 8
+    T = side * side
+    image = torch.zeros(T, dtype=torch.long)
+    image[[9, 10, 11, 12]] = 255                                      # a short stroke on row 1
+    local = (analysis.grid_distance(side) <= 1).float()
+    local = (local / local.sum(-1, keepdim=True))[None].expand(2, T, T)   # 2 heads, 3x3 only
+    uniform = torch.full((2, T, T), 1.0 / T)
+    path = tmp_path / "a.png"
+    masses = analysis.plot_image_attention(image, {"init": uniform, "after SPT": local}, path)
+    assert path.stat().st_size > 0
+    assert all(abs(m - 1.0) < 1e-6 for m in masses["after SPT"])
+    assert all(abs(m - 9 / T) < 1e-6 for m in masses["init"])       # every query is off the border

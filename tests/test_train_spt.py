@@ -233,6 +233,7 @@ def test_cpu_preset_parses_and_runs_end_to_end(tmp_path, task, n_generate):
     spt_steps = {r["step"] for r in records if r.get("phase") == "spt" and "loss" in r}
     assert len(spt_steps) == 10 and summary["steps"] == 10        # 10 SPT + 10 finetuning steps
     assert summary["spt_best_val_loss"] is not None and 0 <= summary["test_acc"] <= 1
+    assert (out / "attention_2d.png").exists() == (task == "pathfinder")   # one image's 2-D maps
 
 
 def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
