@@ -3,7 +3,7 @@ Benchmarks: is this code as fast as what one would write with torch.nn, and do
 paper-scale runs fit one device? Prints a markdown table per section and writes
 every number into bench.json.
 
-  python bench.py                              # everything, ~6 min on 2 CPU cores
+  python bench.py                              # everything, ~9 min on 2 CPU cores
   python bench.py --quick                      # reduced sizes, under 1 minute
   python bench.py --only=throughput,memory     # some sections only
   python bench.py --only=cuda --compile=True   # on a GPU: tokens/s and MFU, bf16
