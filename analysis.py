@@ -325,18 +325,28 @@ def plot_evolution_of_runs(run_dirs, path, n_cols=6):
     return plot_evolution(rows, path, n_cols) if rows else None
 
 
-def plot_val_accuracy(runs, path):
-    """Finetuning val accuracy per epoch, one line per (run_dir, summary): solid when
-    the run starts from SPT weights (its own or a checkpoint's), dashed when from scratch."""
-    plt, (fig, ax) = plt_figure(figsize=(8, 3.8))
+def plot_val_accuracy(runs, path, unfinished=()):
+    """Two panels. Left: SPT val loss per epoch of every run with an SPT phase (and of
+    `unfinished` run folders, stopped before their summary). Right: finetuning val accuracy per
+    epoch, one line per (run_dir, summary): solid when the run starts from SPT weights
+    (its own or a checkpoint's), dashed when from scratch."""
+    plt, (fig, (ax_spt, ax)) = plt_figure(1, 2, figsize=(13, 4.2))
+    for d in [d for d, _ in runs] + list(unfinished):
+        spt = [r for r in read_records(d) if r.get("phase") == "spt" and "val_loss" in r]
+        if spt:
+            ax_spt.plot([r["epoch"] for r in spt], [r["val_loss"] for r in spt], "o-", markersize=2,
+                        label=os.path.relpath(d) + (" (stopped)" if d in unfinished else ""))
     for d, s in runs:
         spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
         vals = [r for r in read_records(d) if r.get("phase") == "finetune" and "val_acc" in r]
         if vals:
             ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
                     label=os.path.relpath(d), markersize=3)
+    ax_spt.set_xlabel("SPT epoch"), ax_spt.set_ylabel("SPT val loss (masked tokens)"), ax_spt.grid(alpha=0.3)
     ax.set_xlabel("finetuning epoch"), ax.set_ylabel("val accuracy"), ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    for a in (ax_spt, ax):
+        if a.lines:
+            a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -382,6 +392,9 @@ def report(dirs):
     for p in paths:
         with open(p) as f:
             runs.append((os.path.dirname(p), json.load(f)))
+    done = {d for d, _ in runs}
+    unfinished = sorted({os.path.dirname(p) for d in dirs.split(",")
+                         for p in glob.glob(os.path.join(d, "**", "log.jsonl"), recursive=True)} - done)
     lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
     for d, s in runs:
         cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
@@ -392,7 +405,8 @@ def report(dirs):
     where = first if os.path.isdir(first) else "."   # report.md and the figures go here
     with open(os.path.join(where, "report.md"), "w") as f:
         f.write(table + "\n")
-    print(f"val accuracy figure: {plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'))}")
+    print(f"SPT loss and val accuracy figure: "
+          f"{plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'), unfinished)}")
     fig = plot_evolution_of_runs([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
     if fig:
         print(f"attention evolution figure: {fig}")
