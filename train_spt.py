@@ -142,13 +142,14 @@ PRESETS = {
         # thousands of warmup steps at a constant rate; clipping and early stopping.
         "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
                   grad_clip=1.0, patience=20),
-        # About 55 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
+        # About 56 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
         # 8,000 images of 1,024 pixels); SPT at a higher lr, as it must get below the pixels'
         # unigram entropy (0.79 nats) to teach anything. --depth=4 is about 4x slower.
         "pathfinder": dict(difficulty="baseline", n_generate=10_000, depth=1, n_embd=64, n_head=4,
                            lr=1e-3, pretrain_lr=3e-3, batch_size=32, pretrain_epochs=12, epochs=5,
                            save_epochs="1,2,5,10"),
-        # About 55 min at depth 1: 4,800 expressions of 500-2,000 tokens, SPT 6 + finetuning 4 epochs.
+        # About an hour at depth 1 (estimated from the token count, not yet run): 4,800 expressions
+        # of 500-2,000 tokens, SPT 6 + finetuning 4 epochs.
         "listops": dict(n_generate=5_000, depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3,
                         pretrain_lr=3e-3, batch_size=32, pretrain_epochs=6, epochs=4, save_epochs="1,2,5"),
     },
