@@ -518,6 +518,7 @@ def bench_cpu(cfg, dev):
     T, B = 1024, 32
     depths = [1] if cfg["quick"] else [1, 4]
     reps = cfg["reps"] or (2 if cfg["quick"] else 5)
+    threads_before = torch.get_num_threads()                 # each option sets its own
     print(f"\n## CPU preset training step, PathFinder T={T} (n_embd=64, 4 heads, ffn x1): seconds per "
           f"image, ratio to the plain step (interleaved reps, medians; < 1: the option is faster)\n")
     results = []
@@ -531,18 +532,19 @@ def bench_cpu(cfg, dev):
                                 ratio=paired_ratio(per_image[name], base), reps=reps))
             print(f"  depth {depth}, {name}: {results[-1]['s_per_image'] * 1e3:.1f} ms/image, "
                   f"ratio {results[-1]['ratio']:.3f}", flush=True)
-    torch.set_num_threads(cfg["threads"] or torch.get_num_threads())
+    torch.set_num_threads(threads_before)
     print()
     print(markdown_table(results, [("depth", "layers", "d"), ("option", "option", ""),
                                    ("s_per_image", "s / image", ".4f"), ("ratio", "ratio to plain", ".3f"),
                                    ("reps", "reps", "d")]))
-    wins = sorted({r["option"] for r in results if r["ratio"] <= 0.9})
-    print(f"\nadopt (>= 10% faster at every depth measured): "
-          f"{[w for w in wins if all(r['ratio'] <= 0.9 for r in results if r['option'] == w)] or 'none'}")
+    adopt = [o for o in dict.fromkeys(r["option"] for r in results)
+             if all(r["ratio"] <= 0.9 for r in results if r["option"] == o)]
+    print(f"\nadopt (>= 10% faster at every depth measured): {adopt or 'none'}")
     return dict(rows=results)
 
 
-BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_looped, data=bench_data, cuda=bench_cuda, cpu=bench_cpu)
+BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_looped, data=bench_data,
+               cuda=bench_cuda, cpu=bench_cpu)
 
 
 # -----------------------------------------------------------------------------

@@ -159,8 +159,7 @@ RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "
 
 def get_config(argv):
     """Two passes: --optim picks the recipe's values, then every --key=value applies."""
-    given = [a.split("=", 1)[1] for a in argv if a.startswith("--optim=")]
-    optim = given[-1] if given else DEFAULTS["optim"]          # the last one wins, as in training.configure
+    optim = training.flag_value(argv, "optim", DEFAULTS["optim"])
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
     cfg = training.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)

@@ -51,7 +51,7 @@ from tqdm import tqdm
 import analysis
 import synthetic
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, given_keys,
+from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, flag_value, given_keys,
                       last_good_checkpoint, load_checkpoint, load_state, lr_at, parse_int_list,
                       release_out_dir, resume_config, run_cli, save_checkpoint,
                       setup_runtime, unwrap)
@@ -173,10 +173,10 @@ TASK_FLAGS = dict(max_len=("listops", "text", "retrieval"),
 
 def get_config(argv):
     """Two passes: --task picks the task's defaults, then every --key=value applies."""
-    task = next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), DEFAULTS["task"])
+    task = flag_value(argv, "task", DEFAULTS["task"])
     if task not in TASKS:
         raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
-    preset = next((a.split("=", 1)[1] for a in argv if a.startswith("--preset=")), "")
+    preset = flag_value(argv, "preset", DEFAULTS["preset"])
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
     return check_config(configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__))

@@ -120,6 +120,13 @@ def given_keys(argv):
     return [a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and "=" in a]
 
 
+def flag_value(argv, key, default):
+    """The raw text of --key=... on this command line, the last one winning as in
+    configure(); default if it is absent. For the keys that pick other defaults."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{key}=")]
+    return given[-1] if given else default
+
+
 def check_ranges(cfg, positive=(), nonnegative=(), fractions=()):
     """Refuse, before any work, a flag outside its range: `positive` must be > 0,
     `nonnegative` >= 0, `fractions` in [0, 1)."""

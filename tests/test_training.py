@@ -58,3 +58,13 @@ def test_run_log_keeps_only_records_before_the_checkpoint_on_resume(tmp_path):
     assert [(r["step"], r["loss"]) for r in read_log(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
     RunLog(tmp_path, {"a": 1})                                         # a new run starts anew
     assert read_log(tmp_path) == []
+
+
+def test_flag_value_takes_the_last_occurrence_as_configure_does():
+    import train_spt
+    import training
+    argv = ["--preset=cpu", "--task=listops", "--preset=", "--task=pathfinder"]
+    assert training.flag_value(argv, "task", "synthetic") == "pathfinder"
+    assert training.flag_value(argv, "depth", 3) == 3
+    cfg = train_spt.get_config(argv)                    # the defaults layered are those of the last flags
+    assert (cfg["task"], cfg["preset"], cfg["difficulty"]) == ("pathfinder", "", "contour_length_14")
