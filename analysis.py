@@ -360,7 +360,8 @@ REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain
                   "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
 
 
-SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_params", "freeze")
+SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "epochs", "init_params",
+              "freeze")
 SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
 
 

@@ -205,14 +205,16 @@ def test_ddp_replicas_stay_identical_through_spt_and_finetuning(tmp_path):
 
 def test_report_averages_runs_that_differ_only_in_seed():
     base = dict(task="synthetic", depth=1, init="torch", pos_enc="sinusoidal", pretrain_task="synthetic",
-                pretrain_epochs=0, init_params="all", freeze="none", init_from="", mass_w2_finetune=0.05,
-                score_std_init=0.3)
+                pretrain_epochs=0, epochs=5, init_params="all", freeze="none", init_from="",
+                mass_w2_finetune=0.05, score_std_init=0.3)
     runs = [("a", dict(base, best_val_acc=0.5, test_acc=0.6)), ("b", dict(base, best_val_acc=0.7, test_acc=0.8)),
-            ("c", dict(base, init="gpt2", best_val_acc=0.9, test_acc=0.9))]
+            ("c", dict(base, init="gpt2", best_val_acc=0.9, test_acc=0.9)),
+            ("d", dict(base, epochs=20, best_val_acc=0.4, test_acc=0.4))]   # longer finetuning: its own row
     rows = analysis.seed_table(runs).splitlines()[2:]
-    assert len(rows) == 2
+    assert len(rows) == 3
     assert "| torch |" in rows[0] and "| 2 | 0.600 +- 0.141 | 0.700 +- 0.141 |" in rows[0]
     assert "| gpt2 |" in rows[1] and "| 1 | 0.900 +- 0.000 |" in rows[1]
+    assert "| 20 |" in rows[2] and "| 1 | 0.400 +- 0.000 |" in rows[2]
 
 
 # --preset=cpu (issue 15): the CPU-scale LRA setting, shrunk to 20 steps
