@@ -91,6 +91,7 @@ DEFAULTS = dict(
     pretrain_warmup_steps=0, # ... and of the SPT phase
     warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
     pretrain_lr=0.0,         # 0 = same as lr
+    pretrain_schedule="",    # "" = same as schedule
     preset="",               # "" or cpu: a named set of overrides, applied before the flags (PRESETS)
     # logging and analysis
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
@@ -187,7 +188,8 @@ def check_config(cfg):
     """Refuse bad values before any work is done, naming what is allowed."""
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
-                   schedule=("cosine", "linear", "constant"))
+                   schedule=("cosine", "linear", "constant"),
+                   pretrain_schedule=("", "cosine", "linear", "constant"))
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
             raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
@@ -497,6 +499,7 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
     spt = phase == "spt"
     epochs = cfg["pretrain_epochs"] if spt else cfg["epochs"]
     lr = (cfg["pretrain_lr"] or cfg["lr"]) if spt else cfg["lr"]
+    schedule = (cfg["pretrain_schedule"] or cfg["schedule"]) if spt else cfg["schedule"]
     unused = model.head if spt else model.lm_head                    # not part of this loss
     for p in unused.parameters():
         p.requires_grad_(False)
@@ -577,7 +580,7 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
             if not last_micro:
                 continue
             for group in optimizer.param_groups:                     # lr schedule (warmup, decay)
-                group["lr"] = lr_at(state["step"], total_steps, lr, warmup, cfg["schedule"])
+                group["lr"] = lr_at(state["step"], total_steps, lr, warmup, schedule)
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
             finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
             nonfinite_at = torch.where((nonfinite_at == 0) & ~finite, state["step"] + 1, nonfinite_at)

@@ -238,6 +238,16 @@ def test_cpu_preset_parses_and_runs_end_to_end(tmp_path, task, n_generate):
     assert (out / "attention_2d.png").exists() == (task == "pathfinder")   # one image's 2-D maps
 
 
+def test_pretrain_schedule_sets_the_spt_phase_alone(tmp_path):
+    run(tmp_path, "--n_train=640", "--n_eval=64", "--pretrain_epochs=2", "--epochs=2", "--lr=1e-3",
+        "--pretrain_lr=3e-3", "--warmup_frac=0.1", "--schedule=cosine", "--pretrain_schedule=constant")
+    lr = {phase: [r["lr"] for r in read_log(tmp_path) if r.get("phase") == phase and "lr" in r]
+          for phase in ("spt", "finetune")}
+    assert len(lr["spt"]) == len(lr["finetune"]) == 20
+    assert lr["spt"][2:] == [pytest.approx(3e-3)] * 18            # flat after its 2 warmup steps
+    assert lr["finetune"][-1] < 0.2 * max(lr["finetune"])          # cosine decays to 10%
+
+
 def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
     flags = ["--task=pathfinder", "--preset=cpu", "--n_generate=200", f"--data_dir={tmp_path}"]
     a, b = (train_spt.get_config(flags + [f"--seed={s}"]) for s in (0, 1))
