@@ -186,10 +186,10 @@ def get_config(argv):
 
 def check_config(cfg):
     """Refuse bad values before any work is done, naming what is allowed."""
+    schedules = ("cosine", "linear", "constant")   # training.lr_at's
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
-                   schedule=("cosine", "linear", "constant"),
-                   pretrain_schedule=("", "cosine", "linear", "constant"))
+                   schedule=schedules, pretrain_schedule=("",) + schedules)
     for key, allowed in choices.items():
         if cfg[key] not in allowed:
             raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
