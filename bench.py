@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import configurator
 import training
 from model import Transformer, TransformerConfig, sinusoidal_table
 
@@ -552,7 +553,7 @@ BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_lo
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     argv = ["--quick=True" if a == "--quick" else a for a in argv]     # the bare flag, too
-    cfg = training.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
+    cfg = configurator.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
                                                           "peak_flops", "threads")}, argv, __doc__)
     dev = cfg["device"]
     if dev == "auto":

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 
 from model import Transformer, TransformerConfig
 from synthetic import load_split
-from training import configure, run_cli
+from configurator import configure, run_cli
 
 WIDTHS = (1, 2, 5, 10)   # part 1 is checked at every width; the table shows --width
 MASK_RATIO = 0.15

@@ -83,6 +83,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import configurator
 import training
 from corpora import get_batch, load_data, unigram_entropy
 from flt_report import plot_runs
@@ -159,11 +160,11 @@ RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "
 
 def get_config(argv):
     """Two passes: --optim picks the recipe's values, then every --key=value applies."""
-    optim = training.flag_value(argv, "optim", DEFAULTS["optim"])
+    optim = configurator.flag_value(argv, "optim", DEFAULTS["optim"])
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
-    cfg = training.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
-    return cfg if cfg["compare"] else check_config(cfg, training.given_keys(argv))
+    cfg = configurator.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
+    return cfg if cfg["compare"] else check_config(cfg, configurator.given_keys(argv))
 
 
 def check_config(cfg, explicit):
@@ -174,7 +175,7 @@ def check_config(cfg, explicit):
                              init_from=("scratch", "resume")).items():
         if cfg[key] not in allowed:
             raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
-    training.check_ranges(cfg, positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult", "block_size",
+    configurator.check_ranges(cfg, positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult", "block_size",
                                          "batch_size", "grad_accum", "max_steps", "lr", "embedding_lr",
                                          "unembedding_lr", "lr_mult", "adam_eps", "eval_interval",
                                          "eval_batches", "ckpt_interval", "vocab_size"),
@@ -333,11 +334,20 @@ def main(argv=None):
     if cfg["compare"]:
         return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
     resume = cfg["init_from"] == "resume"
-    training.check_out_dir(cfg["out_dir"], cfg["overwrite"], resume)
+    master = int(os.environ.get("RANK", 0)) == 0
+    with training.RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+        return train(cfg, argv, folder, resume)
+
+
+# Every file a run writes besides config.json, log.jsonl, summary.json, ckpt.pt (flt_report.py's figures).
+RUN_FILES = ("flt_*.png", "compare.md")
+
+
+def train(cfg, argv, folder, resume):
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     if resume:                                 # the folder given, the checkpoint's config
         ckpt = training.load_checkpoint(ckpt_path)
-        cfg, changed = training.resume_config(ckpt["config"], cfg, training.given_keys(argv), RESUME_SAFE,
+        cfg, changed = configurator.resume_config(ckpt["config"], cfg, configurator.given_keys(argv), RESUME_SAFE,
                                               per_call=("stop_step", "debug"))
         if changed:
             print(f"resuming with changed flags (checkpoint's -> now): {changed}")
@@ -386,7 +396,7 @@ def main(argv=None):
     if rt.ddp:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-    training.claim_out_dir(C.out_dir, C.overwrite and not resume, rt.master)   # checks done: write
+    folder.begin()                                                   # checks done: write
     log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if resume else None)
     if resume:
         log.log(step=step, event="resume", changed=changed)
@@ -459,7 +469,6 @@ def main(argv=None):
 
     if nan_stop is None and last_step < C.max_steps:
         say(f"stopped at step {last_step} (--stop_step); continue with --init_from=resume")
-        training.release_out_dir(C.out_dir)
         return None
     summary = summarize(raw, val, C, rt, is_bytes, unigram_entropy(train, vocab), nan_stop,
                         wall_before + time.time() - t_start, ref_loss)
@@ -475,7 +484,6 @@ def main(argv=None):
         plot_runs([C.out_dir], C.out_dir, quiet=True)
     if rt.ddp:
         dist.destroy_process_group()
-    training.release_out_dir(C.out_dir)
     return summary
 
 
@@ -534,5 +542,5 @@ def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time, ref_l
 
 
 if __name__ == "__main__":
-    result = training.run_cli(main)
+    result = configurator.run_cli(main)
     sys.exit(2 if isinstance(result, dict) and result.get("diverged_reason") == "nan" else 0)

@@ -2,11 +2,12 @@
 Self-pretraining (SPT) then finetuning, with every ablation of "Towards
 Understanding Self-Pretraining for Sequence Classification" (Coser et al. 2026).
 
-    python train_spt.py --task=pathfinder --depth=1              # SPT, then finetune
-    python train_spt.py --task=pathfinder --depth=1 --pretrain_epochs=0   # from scratch
+    python train_spt.py --task=synthetic                          # SPT, then finetune (minutes on a CPU)
+    python train_spt.py --task=synthetic --pretrain_epochs=0      # from scratch
     python train_spt.py --task=synthetic --pretrain_epochs=0 --freeze=attn   # keep random attention
     python train_spt.py --task=synthetic --init_params=qk --init_from=out/x/spt_best.pt
-    python train_spt.py --task=image --pretrain_task=pathfinder  # data-source swap
+    python train_spt.py --task=pathfinder --depth=1               # LRA, Amos et al.'s one-GPU settings
+    python train_spt.py --task=image --pretrain_task=pathfinder   # data-source swap
     python train_spt.py --report=out                              # table of all runs under out/
     torchrun --standalone --nproc_per_node=2 train_spt.py --task=synthetic
 
@@ -15,22 +16,23 @@ Phase 1 (SPT): masked-token reconstruction on the task's own training split
 loss only at the hidden positions. Phase 2: classification, starting from the
 best-validation SPT weights (all of them, or only the group --init_params).
 Every run writes config.json, log.jsonl, summary.json, checkpoints and PNG
-plots into out_dir, including the proximity statistics of the attention
-(claim 6): attention mass within |i-j| <= w, and how Toeplitz (a function of
-i - j only) the position-only score matrix (PE W_Q)(PE W_K)^T is.
+plots into out_dir, with the proximity statistics of the attention: the mass
+within |i-j| <= w, and how Toeplitz (a function of i - j only) the position-only
+score matrix (PE W_Q)(PE W_K)^T is.
 
-Every key below is a --key=value flag; --help lists them with their defaults.
-The defaults of each LRA task are Amos et al.'s one-GPU configs (TASKS names the
-file each value comes from); --preset=cpu is our recipe for minutes-long CPU runs.
+Read top to bottom: the flags (DEFAULTS, TASKS: Amos et al.'s configs, PRESETS),
+the data, the two objectives (MaskedReconstruction is SPT), hybrid initialisation
+and freezing, train_phase (one phase: the loop, then its helpers), attention
+analysis, main. Every key of DEFAULTS is a --key=value flag; --help lists them.
 
-Run folders: a run refuses an out_dir that holds another run's results
-(--overwrite=True replaces them) and writes nothing there until its flags, data
-and model have been checked. --init_from=resume continues the run in --out_dir,
-wherever that folder now is, with the checkpoint's config; of the flags given
-with it, those in RESUME_SAFE (lr, pretrain_lr, grad_clip, max_hours, logging,
-device) are applied and recorded in config.json and log.jsonl, any other that
-differs is refused. A NaN or inf loss or gradient stops the run; checkpoints
-only ever hold finite weights. Errors are one line; --debug=True shows the traceback.
+What a run folder promises (training.RunFolder): a run refuses an out_dir that
+holds another run (--overwrite=True replaces it) or anything else, and writes
+nothing there until its flags, data and model have been checked.
+--init_from=resume continues the run in --out_dir, wherever that folder now is,
+exactly (same batches, masks and losses); flags in RESUME_SAFE may change on
+resume, any other that differs is refused. A NaN or inf loss or gradient stops
+the run; checkpoints only ever hold finite weights. Errors are one line;
+--debug=True shows the traceback.
 """
 
 import hashlib
@@ -50,14 +52,13 @@ from tqdm import tqdm
 
 import analysis
 import synthetic
+from configurator import check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config, run_cli
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunLog, check_out_dir, check_ranges, claim_out_dir, configure, flag_value, given_keys,
-                      last_good_checkpoint, load_checkpoint, load_state, lr_at, parse_int_list,
-                      release_out_dir, resume_config, run_cli, save_checkpoint,
+from training import (RunFolder, RunLog, last_good_checkpoint, load_checkpoint, load_state, lr_at, save_checkpoint,
                       setup_runtime, unwrap)
 
 # -----------------------------------------------------------------------------
-# Defaults. Task-specific ones come from TASKS (Amos et al.'s configs, SPEC.md).
+# Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
 
 DEFAULTS = dict(
     task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
@@ -105,7 +106,7 @@ DEFAULTS = dict(
 # Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-
 # <task>[-mlm].yaml: "-mlm" is their SPT phase). Where a value is not in those files it says so.
 TASKS = {   # depth = n_layer
-    "synthetic": dict(   # ours (the task is ours): the CPU recipe of the README's synthetic tables
+    "synthetic": dict(   # ours (the task is ours): the CPU recipe of REPORT.md's synthetic tables
         depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=64, pretrain_epochs=10, epochs=20,
         mask_ratio=0.15, schedule="cosine", warmup_frac=0.05, grad_clip=1.0, patience=20),
     "listops": dict(     # listops(-mlm).yaml: 6/512/8 heads, ffn x4, batch 32, 100/100 epochs, warmup 2000
@@ -135,7 +136,7 @@ TASKS = {   # depth = n_layer
 
 # Named sets of overrides (--preset=...), applied after the task's defaults and before
 # the command line: "*" for every task, then the task's own. Ours, not Amos et al.'s:
-# see the README's departures table and "The LRA rescue on a CPU".
+# see REPORT.md's departures table and its CPU-scale LRA setting.
 PRESETS = {
     "": {},
     "cpu": {
@@ -234,6 +235,7 @@ def default_out_dir(cfg):
     return os.path.join("out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep{extra}")
 
 
+
 # -----------------------------------------------------------------------------
 # Data: synthetic.py or data_lra.py, one interface
 
@@ -293,19 +295,26 @@ def check_data(cfg, rt, splits):
                              f"of {G}; lower --batch_size or --grad_accum")
 
 
+# Seeds. Each random stream has its own seed derived from --seed, so changing one
+# thing (the number of epochs, the mask ratio) never shifts another stream.
+BATCH_SEED_STRIDE = 100_003   # a prime above 2 x any epoch count: (seed, epoch, phase) never collide
+MASK_SEED_OFFSET = 7          # the SPT masks' stream: apart from the model init, which uses --seed itself
+VAL_MASK_SEED = 1234          # validation masks: the same every epoch and every seed, so SPT val losses compare
+
+
+def batch_order_seed(seed, epoch, spt):
+    """The seed of one epoch's batch order in one phase: a function of (seed, epoch, phase) only."""
+    return seed * BATCH_SEED_STRIDE + 2 * epoch + int(spt)
+
+
 def epoch_batches(n, cfg, rt, seed):
     """This rank's micro-batches (lists of indices) for one epoch. The order depends
-    only on (seed, epoch), so a resumed run sees the same batches. Optimizer step s
-    uses global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size,
-    split into equal micro-batches across ranks and accumulation steps: a run on
-    W processes equals a single process with W times the batch size (exactly for
-    the classification loss; for SPT each micro-batch averages over its own hidden
-    positions, as BERT-style training does, so counts that differ weigh slightly
-    differently)."""
+    only on `seed`, so a resumed run sees the same batches. Optimizer step s uses
+    global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size, split
+    into equal micro-batches across ranks and accumulation steps: a run on W processes
+    equals a single process with W times the batch size (exactly for classification;
+    for SPT each micro-batch averages over its own hidden positions, as BERT does)."""
     G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
-    if n < G:
-        raise ValueError(f"the training set has {n} examples, fewer than one global batch "
-                         f"of {G}; lower --batch_size or --grad_accum")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     batches = []
     for s in range(n // G):
@@ -318,8 +327,7 @@ def epoch_batches(n, cfg, rt, seed):
 
 def loader(ds, batches, cfg, rt):
     return torch.utils.data.DataLoader(ds, batch_sampler=batches, collate_fn=ds.collate,
-                                       num_workers=cfg["num_workers"],
-                                       pin_memory=rt.device_type == "cuda")
+                                       num_workers=cfg["num_workers"], pin_memory=rt.device_type == "cuda")
 
 
 def to_device(batch, rt):
@@ -356,9 +364,21 @@ class MaskedReconstruction(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
+class Classification(nn.Module):
+    """Supervised objective: cross-entropy of the pooled classifier's logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, pad_mask, labels):
+        logits = self.model.classify(tokens, pad_mask)
+        return F.cross_entropy(logits.float(), labels), logits
+
+
 def mask_generator(cfg):
     """The SPT masks' random stream: a function of --seed alone (the data never is)."""
-    return torch.Generator().manual_seed(cfg["seed"] + 7)
+    return torch.Generator().manual_seed(cfg["seed"] + MASK_SEED_OFFSET)
 
 
 def draw_hidden(shape, ratio, generator):
@@ -375,16 +395,23 @@ def only_real(hide, pad_mask):
     return hide
 
 
-class Classification(nn.Module):
-    """Supervised objective: cross-entropy of the pooled classifier's logits."""
+class MaskStream:
+    """The positions SPT hides at each optimizer step, drawn for the whole global batch
+    at once, so they do not depend on how it is split over ranks and micro-batches."""
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
+    def __init__(self, cfg, rt, max_len):
+        self.cfg, self.rt, self.max_len, self.gen = cfg, rt, max_len, mask_generator(cfg)
+        self.global_batch = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
 
-    def forward(self, tokens, pad_mask, labels):
-        logits = self.model.classify(tokens, pad_mask)
-        return F.cross_entropy(logits.float(), labels), logits
+    def hide(self, micro, tokens, pad_mask):
+        """This micro-batch's slice of the step's mask (drawn at its first micro-batch)."""
+        k = micro % self.cfg["grad_accum"]
+        if k == 0:
+            self.step_hide = draw_hidden((self.global_batch, *tokens.shape[1:-1], self.max_len),
+                                         self.cfg["mask_ratio"], self.gen)
+        start = (k * self.rt.world_size + self.rt.rank) * self.cfg["batch_size"]
+        hide = self.step_hide[start:start + len(tokens), ..., :tokens.size(-1)]
+        return only_real(hide, pad_mask).to(self.rt.device)
 
 
 # -----------------------------------------------------------------------------
@@ -429,6 +456,237 @@ def freeze(model, which):
 
 
 # -----------------------------------------------------------------------------
+# One training phase (SPT or finetuning): the loop, then the helpers it calls
+
+def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None):
+    """Train `model` in place. phase='spt': masked reconstruction, best = lowest val
+    loss. phase='finetune': classification, best = highest val accuracy. Returns the
+    path of the best checkpoint and the phase's state (best score, steps, ...)."""
+    spt = phase == "spt"
+    hp = phase_settings(phase, cfg, len(train_ds), rt)
+    objective, train_obj, optimizer, params = make_objective(phase, model, train_ds.mask_id, cfg, rt)
+    masks = MaskStream(cfg, rt, train_ds.max_len)
+    state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
+    if resume is not None and resume["phase"] == phase:
+        optimizer.load_state_dict(resume["optimizer"])
+        state.update({k: resume[k] for k in state if k in resume})
+        masks.gen.set_state(resume["mask_gen"])
+        torch.set_rng_state(resume["torch_rng"])
+    guard = NonFiniteGuard(rt, phase, os.path.join(cfg["out_dir"], "ckpt.pt"))
+    save = lambda: save_resume_point(phase, model, optimizer, masks, cfg, rt, state, guard, clock)
+    announce(phase, hp, len(train_ds), len(val_ds), params, rt)
+    t0 = time.time()
+    while state["epoch"] < hp["epochs"]:
+        seed = batch_order_seed(cfg["seed"], state["epoch"], spt)
+        batches = epoch_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
+        bar = tqdm(total=hp["steps_per_epoch"], initial=state["step_in_epoch"], disable=not rt.master,
+                   desc=f"{phase} epoch {state['epoch'] + 1}/{hp['epochs']}", leave=False)
+        for micro, batch in enumerate(loader(train_ds, batches, cfg, rt)):
+            tokens, pad_mask, labels = to_device(batch, rt)
+            last_micro = (micro + 1) % cfg["grad_accum"] == 0
+            with grad_sync(train_obj, rt, last_micro), rt.autocast():
+                if spt:                                                  # hide, then reconstruct
+                    loss = train_obj(tokens, pad_mask, masks.hide(micro, tokens, pad_mask))
+                else:                                                    # classify
+                    loss, _ = train_obj(tokens, pad_mask, labels)
+            (loss / cfg["grad_accum"]).backward()
+            if not last_micro:
+                continue
+            for group in optimizer.param_groups:                         # warmup, then decay
+                group["lr"] = lr_at(state["step"], hp["total_steps"], hp["lr"], hp["warmup"], hp["schedule"])
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
+            guard.record(loss, gnorm, state["step"] + 1)                 # on a CPU: stops before the update
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            state["step_in_epoch"] += 1
+            bar.update(1)
+            after_step(phase, state, loss, gnorm, optimizer, model, val_ds, cfg, rt, log, guard, bar, t0, hp)
+            if cfg["ckpt_every"] and state["step"] % cfg["ckpt_every"] == 0:
+                save()
+            clock.tick(bar)
+        bar.close()
+        stop = end_of_epoch(phase, objective, model, val_ds, cfg, rt, log, state, guard, t0)
+        save()
+        if stop:
+            break
+    for p in (model.head if spt else model.lm_head).parameters():       # the other phase's head
+        p.requires_grad_(True)
+    return os.path.join(cfg["out_dir"], f"{phase}_best.pt"), state
+
+
+def phase_settings(phase, cfg, n_train, rt):
+    """The phase's epochs, lr, schedule, warmup and step counts."""
+    spt = phase == "spt"
+    epochs = cfg["pretrain_epochs"] if spt else cfg["epochs"]
+    steps_per_epoch = n_train // (cfg["batch_size"] * cfg["grad_accum"] * rt.world_size)
+    total = epochs * steps_per_epoch
+    warmup = cfg["pretrain_warmup_steps" if spt else "warmup_steps"] or int(cfg["warmup_frac"] * total)
+    return dict(epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=total, warmup=warmup,
+                lr=(cfg["pretrain_lr"] or cfg["lr"]) if spt else cfg["lr"],
+                schedule=(cfg["pretrain_schedule"] or cfg["schedule"]) if spt else cfg["schedule"])
+
+
+def make_objective(phase, model, mask_id, cfg, rt):
+    """The phase's loss module (wrapped for DDP and compile when asked), its AdamW and
+    the parameters it trains. The head the phase does not use is frozen meanwhile."""
+    spt = phase == "spt"
+    for p in (model.head if spt else model.lm_head).parameters():
+        p.requires_grad_(False)
+    objective = MaskedReconstruction(model, mask_id, cfg["spt_objective"] == "causal") if spt else \
+        Classification(model)
+    lr = (cfg["pretrain_lr"] or cfg["lr"]) if spt else cfg["lr"]
+    optimizer = model.configure_optimizers(cfg["weight_decay"], lr, device_type=rt.device_type)
+    train_obj = DDP(objective, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None) \
+        if rt.ddp else objective
+    if cfg["compile"]:
+        train_obj = torch.compile(train_obj)
+    return objective, train_obj, optimizer, [p for p in model.parameters() if p.requires_grad]
+
+
+def grad_sync(train_obj, rt, last_micro):
+    """Under DDP, average gradients over ranks only at the last micro-batch of a step."""
+    return train_obj.no_sync() if rt.ddp and not last_micro else torch.enable_grad()
+
+
+class NonFiniteGuard:
+    """The first step whose loss or gradient was NaN or inf (0 = none), kept on the
+    device. On a CPU it is read every step, before the optimizer update (free there);
+    on a GPU at each log step and before anything is saved. So no checkpoint ever
+    holds weights that were updated with a NaN gradient."""
+
+    def __init__(self, rt, phase, ckpt_path):
+        self.at = torch.zeros((), dtype=torch.long, device=rt.device)
+        self.every_step, self.phase, self.ckpt_path = rt.device_type == "cpu", phase, ckpt_path
+
+    def record(self, loss, gnorm, step):
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
+        self.at = torch.where((self.at == 0) & ~finite, step, self.at)
+        if self.every_step:
+            self.check()
+
+    def mark(self, step):
+        self.at.fill_(step)
+
+    def check(self):
+        step = int(self.at.item())
+        if step:
+            raise FloatingPointError(
+                f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; stopping, nothing from "
+                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Lower --lr (or set "
+                f"--grad_clip if it is 0) and resume with --init_from=resume --lr=..., or start again "
+                f"with --overwrite=True")
+
+
+class RunClock:
+    """The run's wall time across resumes (what the checkpoint had, plus this call's),
+    and the optimizer steps this call has taken, both phases counted: after
+    --halt_after_steps of them (0 = never) it stops as if killed, to test resume."""
+
+    def __init__(self, halt_after, wall_before=0.0):
+        self.halt_after, self.steps, self.start, self.before = halt_after, 0, time.time(), wall_before
+
+    def elapsed(self):
+        return self.before + time.time() - self.start
+
+    def tick(self, bar):
+        self.steps += 1
+        if self.halt_after and self.steps >= self.halt_after:
+            bar.close()
+            raise SystemExit(f"halted after {self.steps} steps (--halt_after_steps)")
+
+
+def announce(phase, hp, n_train, n_val, params, rt):
+    if rt.master:
+        print(f"[{phase}] {n_train} train / {n_val} val examples, {hp['epochs']} epochs x "
+              f"{hp['steps_per_epoch']} steps, lr {hp['lr']:g}, {sum(p.numel() for p in params):,} trainable "
+              f"parameters", flush=True)
+
+
+def after_step(phase, state, loss, gnorm, optimizer, model, val_ds, cfg, rt, log, guard, bar, t0, hp):
+    """Log every log_every steps (and the first), print the phase's ETA after 20 steps,
+    snapshot the attention every snapshot_attn_every steps."""
+    step = state["step"]
+    if step % cfg["log_every"] == 0 or step == 1:
+        guard.check()
+        log.log(phase=phase, step=step, epoch=state["epoch"], loss=loss.item(),
+                lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+    if rt.master and step == 20:
+        eta = (time.time() - t0) / 20 * (hp["total_steps"] - 20)
+        print(f"[{phase}] ~{eta / 60:.1f} min for this phase at the current speed", flush=True)
+    if cfg["snapshot_attn_every"] and step % cfg["snapshot_attn_every"] == 0:
+        snapshot_attention(model, val_ds, rt, cfg, phase, step)
+
+
+def end_of_epoch(phase, objective, model, val_ds, cfg, rt, log, state, guard, t0):
+    """Evaluate; keep the best weights (SPT: lowest val loss; finetuning: highest val
+    accuracy) and the SPT weights after the epochs in --save_epochs. Returns True to
+    stop: early stopping (finetuning) or the phase's wall-time cap."""
+    spt, epoch = phase == "spt", state["epoch"] + 1
+    guard.check()
+    metrics = evaluate(objective, val_ds, cfg, rt, phase)
+    if not math.isfinite(metrics["loss"]):
+        guard.mark(state["step"])
+        guard.check()                                                # a NaN val loss is never "best"
+    score = -metrics["loss"] if spt else metrics["acc"]
+    improved = state["best"] is None or score > state["best"]
+    state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
+    log.log(phase=phase, step=state["step"], epoch=epoch, val_loss=metrics["loss"], val_acc=metrics["acc"])
+    weights = dict(model=unwrap(model).state_dict(), config=cfg, epoch=epoch)
+    if improved:
+        state.update(best=score, best_epoch=epoch)
+        if rt.master:
+            save_checkpoint(os.path.join(cfg["out_dir"], f"{phase}_best.pt"), dict(**weights, **metrics))
+    if rt.master and spt and epoch in parse_int_list("save_epochs", cfg["save_epochs"]):
+        save_checkpoint(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), weights)
+    if rt.master:
+        print(f"[{phase}] epoch {epoch}/{cfg['pretrain_epochs' if spt else 'epochs']}: val loss "
+              f"{metrics['loss']:.4f}" + ("" if spt else f", val acc {metrics['acc']:.4f}")
+              + (" (best)" if improved else ""), flush=True)
+    stop_early = not spt and cfg["patience"] and state["bad_epochs"] >= cfg["patience"]
+    return bool(stop_early) or time.time() - t0 > cfg["max_hours"] * 3600
+
+
+def save_resume_point(phase, model, optimizer, masks, cfg, rt, state, guard, clock):
+    """ckpt.pt: everything --init_from=resume needs to continue exactly (weights,
+    optimizer, mask stream, torch RNG, config, the phase's state), after checking
+    that the weights were never updated with a NaN gradient."""
+    guard.check()
+    if rt.master:
+        save_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dict(
+            phase=phase, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
+            mask_gen=masks.gen.get_state(), torch_rng=torch.get_rng_state(), config=cfg,
+            wall_time=clock.elapsed(), **state))
+
+
+@torch.no_grad()
+def evaluate(objective, ds, cfg, rt, phase):
+    """Mean loss, and accuracy for the classifier, over the whole split. SPT masks
+    come from a fixed generator, so the validation loss is comparable across epochs."""
+    objective.eval()
+    idx = list(range(rt.rank, len(ds), rt.world_size))
+    batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
+    gen = torch.Generator().manual_seed(VAL_MASK_SEED)
+    totals = torch.zeros(3, dtype=torch.float64, device=rt.device)   # loss sum, correct, count
+    for batch in tqdm(loader(ds, batches, cfg, rt), desc=f"eval {phase}", leave=False, disable=not rt.master):
+        tokens, pad_mask, labels = to_device(batch, rt)
+        with rt.autocast():
+            if phase == "spt":
+                hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
+                loss, correct = objective(tokens, pad_mask, hide), 0.0
+            else:
+                loss, logits = objective(tokens, pad_mask, labels)
+                correct = (logits.argmax(-1) == labels).sum()
+        totals += torch.stack([loss.double() * len(labels), torch.as_tensor(correct, device=rt.device).double(),
+                               torch.tensor(float(len(labels)), device=rt.device, dtype=torch.float64)])
+    if rt.ddp:
+        dist.all_reduce(totals)
+    objective.train()
+    return {"loss": (totals[0] / totals[2]).item(), "acc": (totals[1] / totals[2]).item()}
+
+
+# -----------------------------------------------------------------------------
 # Attention analysis (claim 6): the statistics live in analysis.py
 
 IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
@@ -457,193 +715,23 @@ def proximity_report(model, ds, rt, cfg):
     return stats, maps, scores
 
 
-# -----------------------------------------------------------------------------
-# Evaluation (sharded over DDP ranks)
+class Observations:
+    """The attention at the three stages of a run (init, after SPT, finetuned): the
+    statistics, the position-only scores, and the maps drawn to attention_<stage>.png."""
 
-@torch.no_grad()
-def evaluate(objective, ds, cfg, rt, phase):
-    """Mean loss, and accuracy for the classifier, over the whole split. SPT masks
-    come from a fixed generator, so the validation loss is comparable across epochs."""
-    objective.eval()
-    idx = list(range(rt.rank, len(ds), rt.world_size))
-    batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
-    gen = torch.Generator().manual_seed(1234)
-    totals = torch.zeros(3, dtype=torch.float64, device=rt.device)   # loss sum, correct, count
-    for batch in tqdm(loader(ds, batches, cfg, rt), desc=f"eval {phase}", leave=False,
-                      disable=not rt.master):
-        tokens, pad_mask, labels = to_device(batch, rt)
-        with rt.autocast():
-            if phase == "spt":
-                hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
-                loss, correct = objective(tokens, pad_mask, hide), 0.0
-            else:
-                loss, logits = objective(tokens, pad_mask, labels)
-                correct = (logits.argmax(-1) == labels).sum()
-        totals += torch.stack([loss.double() * len(labels), torch.as_tensor(correct, device=rt.device).double(),
-                               torch.tensor(float(len(labels)), device=rt.device, dtype=torch.float64)])
-    if rt.ddp:
-        dist.all_reduce(totals)
-    objective.train()
-    return {"loss": (totals[0] / totals[2]).item(), "acc": (totals[1] / totals[2]).item()}
+    STAGE_TITLES = dict(init="init", spt="after SPT", finetune="finetuned")
 
+    def __init__(self, cfg, rt):
+        self.cfg, self.rt, self.reports, self.scores, self.first_maps = cfg, rt, {}, {}, {}
 
-# -----------------------------------------------------------------------------
-# One training phase (SPT or finetuning): the loop, checkpoints, early stopping
+    def observe(self, stage, model, ds):
+        if not self.rt.master:
+            return
+        self.reports[stage], maps, self.scores[stage] = proximity_report(model, ds, self.rt, self.cfg)
+        analysis.plot_attention(maps, os.path.join(self.cfg["out_dir"], f"attention_{stage}.png"),
+                                f"attention maps: {stage}")
+        self.first_maps[self.STAGE_TITLES[stage]] = maps[0][0]
 
-STEPS_RUN = [0]   # optimizer steps taken by this process, both phases (for --halt_after_steps)
-
-def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, resume=None):
-    """Train `model` in place. phase='spt': masked reconstruction, best = lowest val
-    loss. phase='finetune': classification, best = highest val accuracy. Returns the
-    path of the best checkpoint and its validation metrics."""
-    spt = phase == "spt"
-    epochs = cfg["pretrain_epochs"] if spt else cfg["epochs"]
-    lr = (cfg["pretrain_lr"] or cfg["lr"]) if spt else cfg["lr"]
-    schedule = (cfg["pretrain_schedule"] or cfg["schedule"]) if spt else cfg["schedule"]
-    unused = model.head if spt else model.lm_head                    # not part of this loss
-    for p in unused.parameters():
-        p.requires_grad_(False)
-    objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") \
-        if spt else Classification(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = model.configure_optimizers(cfg["weight_decay"], lr, device_type=rt.device_type)
-    train_obj = DDP(objective, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None) \
-        if rt.ddp else objective
-    if cfg["compile"]:
-        train_obj = torch.compile(train_obj)
-    mask_gen = mask_generator(cfg)
-    global_batch = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
-    steps_per_epoch = len(train_ds) // global_batch
-    max_len = train_ds.max_len
-    total_steps = epochs * steps_per_epoch
-    warmup = cfg["pretrain_warmup_steps" if spt else "warmup_steps"] or int(cfg["warmup_frac"] * total_steps)
-    best_path = os.path.join(cfg["out_dir"], f"{phase}_best.pt")
-    state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
-    if resume is not None and resume["phase"] == phase:
-        optimizer.load_state_dict(resume["optimizer"])
-        state.update({k: resume[k] for k in state})
-        mask_gen.set_state(resume["mask_gen"])
-        torch.set_rng_state(resume["torch_rng"])
-    save_epochs = parse_int_list("save_epochs", cfg["save_epochs"]) if spt else set()
-    t0 = time.time()
-    if rt.master:
-        print(f"[{phase}] {len(train_ds)} train / {len(val_ds)} val examples, {epochs} epochs x "
-              f"{steps_per_epoch} steps, lr {lr:g}, {sum(p.numel() for p in params):,} trainable parameters")
-
-    # First step whose loss or gradient was NaN/inf (0 = none), kept on the device: it
-    # is read on the host every step on a CPU (free there), and on a GPU at each log
-    # step and before anything is saved, so no checkpoint ever holds unchecked weights.
-    nonfinite_at = torch.zeros((), dtype=torch.long, device=rt.device)
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-
-    def stop_if_nonfinite():
-        bad = int(nonfinite_at.item())
-        if bad:
-            raise FloatingPointError(
-                f"[{phase}] the loss or gradient became NaN or inf at step {bad}; stopping, nothing from "
-                f"that step on was saved, and {last_good_checkpoint(ckpt_path)}. Lower --lr (or set "
-                f"--grad_clip if it is 0) and resume with --init_from=resume --lr=..., or start again "
-                f"with --overwrite=True")
-
-    def checkpoint():
-        stop_if_nonfinite()
-        if rt.master:
-            save_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"), dict(
-                phase=phase, model=unwrap(model).state_dict(), optimizer=optimizer.state_dict(),
-                mask_gen=mask_gen.get_state(), torch_rng=torch.get_rng_state(), config=cfg, **state))
-
-    while state["epoch"] < epochs:
-        epoch = state["epoch"]
-        batches = epoch_batches(len(train_ds), cfg, rt, seed=cfg["seed"] * 100003 + epoch * 2 + spt)
-        batches = batches[state["step_in_epoch"] * cfg["grad_accum"]:]
-        bar = tqdm(total=steps_per_epoch, initial=state["step_in_epoch"], disable=not rt.master,
-                   desc=f"{phase} epoch {epoch + 1}/{epochs}", leave=False)
-        micro = 0
-        for batch in loader(train_ds, batches, cfg, rt):
-            tokens, pad_mask, labels = to_device(batch, rt)
-            last_micro = (micro + 1) % cfg["grad_accum"] == 0
-            sync = last_micro or not rt.ddp
-            ctx = train_obj.no_sync() if not sync else torch.enable_grad()
-            with ctx, rt.autocast():
-                if spt:   # masks drawn for the whole global batch, so they do not depend
-                    k = micro % cfg["grad_accum"]    # on the split over ranks and micro-batches
-                    if k == 0:
-                        step_hide = draw_hidden((global_batch, *tokens.shape[1:-1], max_len),
-                                                cfg["mask_ratio"], mask_gen)
-                    start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
-                    hide = step_hide[start:start + len(tokens), ..., :tokens.size(-1)]
-                    loss = train_obj(tokens, pad_mask, only_real(hide, pad_mask).to(rt.device))
-                else:
-                    loss, _ = train_obj(tokens, pad_mask, labels)
-            (loss / cfg["grad_accum"]).backward()
-            micro += 1
-            if not last_micro:
-                continue
-            for group in optimizer.param_groups:                     # lr schedule (warmup, decay)
-                group["lr"] = lr_at(state["step"], total_steps, lr, warmup, schedule)
-            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
-            finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
-            nonfinite_at = torch.where((nonfinite_at == 0) & ~finite, state["step"] + 1, nonfinite_at)
-            if rt.device_type == "cpu":
-                stop_if_nonfinite()                                  # before the step: weights stay finite
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["step_in_epoch"] += 1
-            bar.update(1)
-            if state["step"] % cfg["log_every"] == 0 or state["step"] == 1:
-                stop_if_nonfinite()
-                value = loss.item()
-                log.log(phase=phase, step=state["step"], epoch=epoch, loss=value,
-                        lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
-                bar.set_postfix(loss=f"{value:.4f}")
-            if rt.master and state["step"] == 20:
-                eta = (time.time() - t0) / 20 * (total_steps - 20)
-                print(f"[{phase}] ~{eta / 60:.1f} min for this phase at the current speed", flush=True)
-            if cfg["snapshot_attn_every"] and state["step"] % cfg["snapshot_attn_every"] == 0:
-                snapshot_attention(model, val_ds, rt, cfg, phase, state["step"])
-            if cfg["ckpt_every"] and state["step"] % cfg["ckpt_every"] == 0:
-                checkpoint()
-            STEPS_RUN[0] += 1
-            if cfg["halt_after_steps"] and STEPS_RUN[0] >= cfg["halt_after_steps"]:
-                bar.close()
-                raise SystemExit(f"halted after {STEPS_RUN[0]} steps (--halt_after_steps)")
-        bar.close()
-        stop_if_nonfinite()
-        metrics = evaluate(objective, val_ds, cfg, rt, phase)
-        if not math.isfinite(metrics["loss"]):
-            nonfinite_at.fill_(state["step"])
-            stop_if_nonfinite()                                      # a NaN val loss is never "best"
-        score = -metrics["loss"] if spt else metrics["acc"]
-        improved = state["best"] is None or score > state["best"]
-        state.update(epoch=epoch + 1, step_in_epoch=0)
-        log.log(phase=phase, step=state["step"], epoch=epoch + 1, val_loss=metrics["loss"],
-                val_acc=metrics["acc"])
-        if improved:
-            state.update(best=score, best_epoch=epoch + 1, bad_epochs=0)
-            if rt.master:
-                save_checkpoint(best_path, dict(model=unwrap(model).state_dict(), config=cfg,
-                                                epoch=epoch + 1, **metrics))
-        else:
-            state["bad_epochs"] += 1
-        if rt.master and epoch + 1 in save_epochs:
-            save_checkpoint(os.path.join(cfg["out_dir"], f"spt_epoch{epoch + 1}.pt"),
-                            dict(model=unwrap(model).state_dict(), config=cfg, epoch=epoch + 1))
-        if rt.master:
-            print(f"[{phase}] epoch {epoch + 1}/{epochs}: val loss {metrics['loss']:.4f}"
-                  + ("" if spt else f", val acc {metrics['acc']:.4f}")
-                  + (" (best)" if improved else ""), flush=True)
-        checkpoint()
-        stop_early = not spt and cfg["patience"] and state["bad_epochs"] >= cfg["patience"]
-        if stop_early or time.time() - t0 > cfg["max_hours"] * 3600:
-            break
-    for p in unused.parameters():
-        p.requires_grad_(True)
-    return best_path, state
-
-
-# -----------------------------------------------------------------------------
-# Attention snapshots during training (analysis.py draws them)
 
 def snapshot_attention(model, ds, rt, cfg, phase, step):
     """Append the head-averaged layer-0 map of one example (downsampled to <= 128
@@ -656,22 +744,46 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
     factor = max(1, math.ceil(m.size(0) / 128))
     m = F.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
     with open(os.path.join(cfg["out_dir"], "snapshots.jsonl"), "a") as f:
-        f.write(json.dumps(dict(phase=phase, step=step, mass=mass["layers"][0],
-                                widths=mass["widths"], uniform=mass["uniform"],
-                                map=np.round(m.numpy(), 4).tolist())) + "\n")
-
-
-def plot_attention(maps, cfg, stage):
-    """attention_<stage>.png; returns the first example's layer-0 maps (H, T, T)."""
-    analysis.plot_attention(maps, os.path.join(cfg["out_dir"], f"attention_{stage}.png"),
-                            f"attention maps: {stage}")
-    return maps[0][0]
+        f.write(json.dumps(dict(phase=phase, step=step, mass=mass["layers"][0], widths=mass["widths"],
+                                uniform=mass["uniform"], map=np.round(m.numpy(), 4).tolist())) + "\n")
 
 
 # -----------------------------------------------------------------------------
-# The run
+# The run: SPT, then finetuning, then the test accuracy and the figures
 
 PHASES = ("spt", "finetune")
+# Every file a run writes (RunFolder refuses a folder holding anything else).
+RUN_FILES = ("spt_best.pt", "finetune_best.pt", "spt_epoch*.pt", "snapshots.jsonl", "curves.png",
+             "attention_*.png", "proximity.png")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = get_config(argv)
+    if cfg["report"]:
+        return analysis.report(cfg["report"])
+    cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
+    resume = cfg["init_from"] == "resume"
+    master = int(os.environ.get("RANK", 0)) == 0
+    with RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+        ckpt = None
+        if resume:                                  # the folder given, the checkpoint's config
+            ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+            cfg, changed = resume_config(ckpt["config"], cfg, given_keys(argv), RESUME_SAFE,
+                                         per_call=("halt_after_steps", "debug"))
+            if changed:
+                print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+        rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
+        data = load_splits(cfg, rt)
+        model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
+        folder.begin()                                                # every check passed: write
+        log = RunLog(cfg["out_dir"], cfg, rt.master, keep=ckpt and written_before(ckpt))
+        if ckpt:
+            log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
+        summary = run_phases(cfg, rt, data, model, log, ckpt)
+        if rt.ddp:
+            dist.destroy_process_group()
+        return summary
 
 
 def written_before(ckpt):
@@ -679,120 +791,117 @@ def written_before(ckpt):
     at = (PHASES.index(ckpt["phase"]), ckpt["step"])
     return lambda r: (PHASES.index(r["phase"]), r["step"]) <= at
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = get_config(argv)
-    STEPS_RUN[0] = 0
-    if cfg["report"]:
-        return analysis.report(cfg["report"])
-    cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
-    resume = None
-    check_out_dir(cfg["out_dir"], cfg["overwrite"], cfg["init_from"] == "resume")
-    if cfg["init_from"] == "resume":          # the folder given, the checkpoint's config
-        resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-        cfg, changed = resume_config(resume["config"], cfg, given_keys(argv), RESUME_SAFE,
-                                     per_call=("halt_after_steps", "debug"))
-        if changed:
-            print(f"resuming with changed flags (checkpoint's -> now): {changed}")
-    rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
-    t_start = time.time()
 
-    train_ds, val_ds, test_ds = (load_data(cfg["task"], s, cfg) for s in ("train", "val", "test"))
+def load_splits(cfg, rt):
+    """The task's train/val/test splits and the pretraining task's train/val, checked."""
+    data = {s: load_data(cfg["task"], s, cfg) for s in ("train", "val", "test")}
     pre_task = cfg["pretrain_task"] or cfg["task"]
-    pre_train, pre_val = (train_ds, val_ds) if pre_task == cfg["task"] else \
-        (load_data(pre_task, "train", cfg), load_data(pre_task, "val", cfg))
-    check_data(cfg, rt, dict(train=train_ds, val=val_ds, test=test_ds, pretrain=pre_train, pretrain_val=pre_val))
-    model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
-    claim_out_dir(cfg["out_dir"], cfg["overwrite"] and resume is None, rt.master)   # checks done: write
-    log = RunLog(cfg["out_dir"], cfg, rt.master, keep=resume and written_before(resume))
-    if resume:
-        log.log(phase=resume["phase"], step=resume["step"], event="resume", changed=cfg["resumes"][-1])
-    log_resume_phase = resume and resume["phase"]
+    same = pre_task == cfg["task"]
+    data["pretrain"] = data["train"] if same else load_data(pre_task, "train", cfg)
+    data["pretrain_val"] = data["val"] if same else load_data(pre_task, "val", cfg)
+    check_data(cfg, rt, data)
+    return data
+
+
+def run_phases(cfg, rt, data, model, log, ckpt):
+    """Phase 1 (SPT, unless finetuning from a given checkpoint), phase 2 (finetuning from
+    a fresh model holding (part of) the SPT weights), then the test accuracy."""
+    clock, seen = RunClock(cfg["halt_after_steps"], ckpt["wall_time"] if ckpt and "wall_time" in ckpt else 0.0), \
+        Observations(cfg, rt)
     if rt.master:
         print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
-              f"{len(train_ds)}/{len(val_ds)}/{len(test_ds)} train/val/test; pretraining on "
-              f"{pre_task}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
-    reports, scores, first_maps = {}, {}, {}
-    if rt.master:
-        reports["init"], maps, scores["init"] = proximity_report(model, val_ds, rt, cfg)
-        first_maps["init"] = plot_attention(maps, cfg, "init")
-
-    # Phase 1: self-pretraining (skipped when finetuning from a given checkpoint)
-    spt_ckpt, spt_state = None, None
+              f"{len(data['train'])}/{len(data['val'])}/{len(data['test'])} train/val/test; pretraining on "
+              f"{cfg['pretrain_task'] or cfg['task']}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
+    seen.observe("init", model, data["val"])
     pretrain = cfg["pretrain_epochs"] > 0 and cfg["init_from"] in ("", "resume")
-    if pretrain and log_resume_phase != "finetune":
-        if resume is not None:
-            load_state(model, resume["model"])
-        spt_ckpt, spt_state = train_phase("spt", model, pre_train, pre_val, cfg, rt, log, resume)
-        resume = None
+    spt_ckpt = None if pretrain else (cfg["init_from"] if cfg["init_from"] not in ("", "resume") else None)
+    spt_state = None
+    if pretrain and not (ckpt and ckpt["phase"] == "finetune"):
+        if ckpt:
+            load_state(model, ckpt["model"])
+        spt_ckpt, spt_state = train_phase("spt", model, data["pretrain"], data["pretrain_val"], cfg, rt, log,
+                                          clock, ckpt)
+        ckpt = None
     elif pretrain:
         spt_ckpt = os.path.join(cfg["out_dir"], "spt_best.pt")
-    elif cfg["init_from"] not in ("", "resume"):
-        spt_ckpt = cfg["init_from"]
-
-    # Phase 2: finetuning from a fresh model with (part of) the SPT weights
     if rt.ddp:
-        dist.barrier()   # rank 0 has written the SPT checkpoint
-    model = build_model(cfg, [train_ds, pre_train]).to(rt.device)
+        dist.barrier()                                            # rank 0 has written the SPT checkpoint
+    model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
-    if rt.master and spt_ckpt:
-        reports["spt"], maps, scores["spt"] = proximity_report(model, val_ds, rt, cfg)
-        first_maps["after SPT"] = plot_attention(maps, cfg, "spt")
-        print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
+    if spt_ckpt:
+        seen.observe("spt", model, data["val"])
+        if rt.master:
+            print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
     frozen = freeze(model, cfg["freeze"])
-    if resume is not None:
-        load_state(model, resume["model"])
-    best_path, ft_state = train_phase("finetune", model, train_ds, val_ds, cfg, rt, log, resume)
-
-    # Test accuracy at the best validation point
+    if ckpt:
+        load_state(model, ckpt["model"])
+    best_path, ft_state = train_phase("finetune", model, data["train"], data["val"], cfg, rt, log, clock, ckpt)
     if rt.ddp:
-        dist.barrier()   # rank 0 has written the best checkpoint
+        dist.barrier()                                            # rank 0 has written the best checkpoint
     load_state(model, load_checkpoint(best_path, rt.device)["model"])
-    test = evaluate(Classification(model), test_ds, cfg, rt, "finetune")
-    summary = dict(
-        task=cfg["task"], depth=cfg["depth"],
-        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0,   # SPT run here (else see init_from)
-        epochs=cfg["epochs"],
-        pretrain_task=pre_task, init_from=cfg["init_from"], init_params=cfg["init_params"],
-        freeze=cfg["freeze"], pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"],
-        best_val_acc=ft_state["best"], best_epoch=ft_state["best_epoch"], test_acc=test["acc"],
-        spt_best_val_loss=None if spt_state is None else -spt_state["best"],
-        frozen=len(frozen), copied=len(copied), n_params=model.num_params(),
-        steps=ft_state["step"], wall_time_s=time.time() - t_start, world_size=rt.world_size)
-    if rt.ddp:   # the replicas must hold identical weights
-        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
-        gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
-        dist.all_gather(gathered, flat)
-        summary["replica_max_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
-    if rt.master:
-        reports["finetune"], maps, scores["finetune"] = proximity_report(model, val_ds, rt, cfg)
-        first_maps["finetuned"] = plot_attention(maps, cfg, "finetune")
-        if cfg["task"] in IMAGE_TASKS:                               # one image's pixels, 2-D
-            analysis.plot_image_attention(val_ds[0][0], first_maps,
-                                          os.path.join(cfg["out_dir"], "attention_2d.png"))
-        for stage, r in reports.items():
-            summary[f"mass_w2_{stage}"] = r["mass"]["layers"][0][analysis.PROX_WIDTHS.index(2)]
-            summary[f"toeplitz_{stage}"] = r.get("toeplitz")
-            summary[f"near_far_{stage}"] = r.get("near_far")
-            summary[f"score_std_{stage}"], summary[f"entropy_{stage}"] = r["score_std"][0], r["entropy"][0]
-            if "mass_2d" in r:                                        # images: the 3x3 neighbourhood
-                summary[f"mass2d_r1_{stage}"] = r["mass_2d"]["layers"][0][analysis.PROX_RADII.index(1)]
-        if "mass_2d" in reports["init"]:
-            summary["mass2d_r1_uniform"] = reports["init"]["mass_2d"]["uniform"][analysis.PROX_RADII.index(1)]
-        summary["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][analysis.PROX_WIDTHS.index(2)]
-        summary["proximity"] = reports
-        log.summary(summary)
-        analysis.plot_curves(cfg["out_dir"])
-        analysis.plot_proximity(reports, scores, os.path.join(cfg["out_dir"], "proximity.png"))
-        analysis.plot_evolution_of_runs([cfg["out_dir"]], os.path.join(cfg["out_dir"], "attention_evolution.png"))
-        print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), "
-              f"test acc {test['acc']:.4f}; attention mass within |i-j|<=2: "
-              f"init {summary['mass_w2_init']:.3f}, final {summary['mass_w2_finetune']:.3f} "
-              f"(uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+    test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
+    seen.observe("finetune", model, data["val"])
+    spt_loss = -spt_state["best"] if spt_state else spt_best_loss(cfg) if pretrain else None
+    return summarize(cfg, rt, model, log, seen, data["val"], dict(
+        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft_state["best"],
+        best_epoch=ft_state["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
+        frozen=len(frozen), copied=len(copied), steps=ft_state["step"], wall_time_s=clock.elapsed()))
+
+
+def spt_best_loss(cfg):
+    """The SPT phase's best val loss, from spt_best.pt (a run resumed in finetuning)."""
+    return load_checkpoint(os.path.join(cfg["out_dir"], "spt_best.pt"))["loss"]
+
+
+def summarize(cfg, rt, model, log, seen, val_ds, results):
+    """summary.json (the run's flags, its results, the attention statistics at each
+    stage) and the figures: curves, proximity, attention evolution, the 2-D maps."""
+    summary = dict(task=cfg["task"], depth=cfg["depth"], pretrain_epochs=results.pop("pretrain_epochs"),
+                   epochs=cfg["epochs"], pretrain_task=cfg["pretrain_task"] or cfg["task"],
+                   init_from=cfg["init_from"], init_params=cfg["init_params"], freeze=cfg["freeze"],
+                   pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], **results,
+                   n_params=model.num_params(), world_size=rt.world_size)
     if rt.ddp:
-        dist.destroy_process_group()
-    release_out_dir(cfg["out_dir"])
+        summary["replica_max_diff"] = replica_max_diff(model, rt)
+    if not rt.master:
+        return summary
+    summary.update(stage_statistics(seen.reports), proximity=seen.reports)
+    log.summary(summary)
+    out = cfg["out_dir"]
+    analysis.plot_curves(out)
+    analysis.plot_proximity(seen.reports, seen.scores, os.path.join(out, "proximity.png"))
+    analysis.plot_evolution_of_runs([out], os.path.join(out, "attention_evolution.png"))
+    if cfg["task"] in IMAGE_TASKS:                                 # one image's pixels, 2-D
+        analysis.plot_image_attention(val_ds[0][0], seen.first_maps, os.path.join(out, "attention_2d.png"))
+    print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), test acc "
+          f"{summary['test_acc']:.4f}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
+          f"{summary['mass_w2_finetune']:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {out}")
     return summary
+
+
+def stage_statistics(reports):
+    """Flat summary keys from the stage reports: mass within |i-j|<=2, Toeplitz score,
+    near/far score gap, score spread, entropy, and for images the 3x3 mass."""
+    w2, r1 = analysis.PROX_WIDTHS.index(2), analysis.PROX_RADII.index(1)
+    out = {}
+    for stage, r in reports.items():
+        out[f"mass_w2_{stage}"] = r["mass"]["layers"][0][w2]
+        out[f"toeplitz_{stage}"], out[f"near_far_{stage}"] = r.get("toeplitz"), r.get("near_far")
+        out[f"score_std_{stage}"], out[f"entropy_{stage}"] = r["score_std"][0], r["entropy"][0]
+        if "mass_2d" in r:
+            out[f"mass2d_r1_{stage}"] = r["mass_2d"]["layers"][0][r1]
+    if "mass_2d" in reports["init"]:
+        out["mass2d_r1_uniform"] = reports["init"]["mass_2d"]["uniform"][r1]
+    out["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][w2]
+    return out
+
+
+def replica_max_diff(model, rt):
+    """DDP check: the largest difference between any rank's weights and rank 0's."""
+    flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
 
 
 if __name__ == "__main__":

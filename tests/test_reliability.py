@@ -2,7 +2,7 @@
 traceback, a run folder is never silently reused, resume continues the folder
 it is given, a NaN stops the run without a NaN checkpoint, cached data is verified.
 
-Most cases run a script's command line in-process through training.run_cli, the
+Most cases run a script's command line in-process through configurator.run_cli, the
 same wrapper its `__main__` calls; two subprocess checks confirm the wrapper is
 what a user really gets."""
 
@@ -19,7 +19,8 @@ import torch
 import corpora
 import train_flt
 import train_spt
-from training import load_checkpoint, read_log, run_cli, save_checkpoint
+from configurator import run_cli
+from training import load_checkpoint, read_log, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPT = ["--task=synthetic", "--n_train=128", "--n_eval=64", "--batch_size=32", "--n_embd=16", "--n_head=2",
@@ -129,15 +130,17 @@ def test_overwrite_removes_the_old_results_first(tmp_path):
 def test_a_live_writer_keeps_a_second_one_out(tmp_path, text_file):
     out = tmp_path / "run"
     out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = "import fcntl, os, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); " \
+             "f.write(str(os.getpid())); f.flush(); print('held', flush=True); time.sleep(60)"
+    sleeper = subprocess.Popen([sys.executable, "-c", holder, str(out / "run.lock")], stdout=subprocess.PIPE, text=True)
     try:
-        (out / "run.lock").write_text(str(sleeper.pid))
+        assert sleeper.stdout.readline().strip() == "held"
         status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")
         assert status == 1 and f"in use by another run (pid {sleeper.pid}" in message
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")[0] == 0   # stale lock: taken
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")[0] == 0   # its lock died with it
     assert not (out / "run.lock").exists()                       # released at the end
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from model import Transformer, TransformerConfig
-from training import (RunLog, configure, load_checkpoint, load_state, lr_at, read_log,
-                      save_checkpoint)
+from configurator import configure
+from training import RunLog, load_checkpoint, load_state, lr_at, read_log, save_checkpoint
 
 
 def test_configure_parses_types_and_rejects_the_rest():
@@ -61,10 +61,10 @@ def test_run_log_keeps_only_records_before_the_checkpoint_on_resume(tmp_path):
 
 
 def test_flag_value_takes_the_last_occurrence_as_configure_does():
+    import configurator
     import train_spt
-    import training
     argv = ["--preset=cpu", "--task=listops", "--preset=", "--task=pathfinder"]
-    assert training.flag_value(argv, "task", "synthetic") == "pathfinder"
-    assert training.flag_value(argv, "depth", 3) == 3
+    assert configurator.flag_value(argv, "task", "synthetic") == "pathfinder"
+    assert configurator.flag_value(argv, "depth", 3) == 3
     cfg = train_spt.get_config(argv)                    # the defaults layered are those of the last flags
     assert (cfg["task"], cfg["preset"], cfg["difficulty"]) == ("pathfinder", "", "contour_length_14")

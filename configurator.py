@@ -1,0 +1,151 @@
+"""
+The command line of every script here, as nanoGPT's configurator.py: module-level
+defaults in a dict, overridden by --key=value, type-checked and range-checked
+before any work; a user error is one line on stderr, never a traceback.
+
+  run_cli        call main(argv): a user error exits 1 with 'error: ...' (--debug=True shows the traceback)
+  configure      the defaults with --key=value applied; --help lists every key
+  flag_value     the raw value of one flag (for the flags that pick other defaults)
+  check_ranges   every numeric flag inside its range
+  resume_config  what a resumed run continues with (safe flags may change)
+"""
+
+import ast
+import errno
+import math
+import sys
+
+# What a user can cause: a bad flag, a missing or malformed file, a folder in use, a
+# run that diverged. Anything else is a bug in this code and keeps its traceback.
+USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
+               PermissionError, IsADirectoryError, NotADirectoryError)
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
+
+
+def run_cli(main, argv=None):
+    """Call main(argv). A user error (or a full disk) exits with status 1 and the single
+    line 'error: ...' on stderr; --debug=True shows the traceback instead. Ctrl-C exits
+    with 130 and the message main attached to it (how to continue, if anything can)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return main(argv)
+    except (*USER_ERRORS, OSError) as e:
+        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK
+        if not user or str(flag_value(argv, "debug", "false")).lower() == "true":
+            raise
+        sys.exit("error: " + " ".join(str(e).split()))      # exit status 1, one line whatever the message
+    except KeyboardInterrupt as e:
+        print("interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
+        sys.exit(130)
+
+
+# -----------------------------------------------------------------------------
+# --key=value overrides of a script's module-level defaults
+
+def configure(defaults, argv=None, doc=""):
+    """A copy of `defaults` with --key=value overrides applied. Values are parsed as
+    Python literals (--lr=3e-4, --depth=2, --compile=True) and keep the default's type
+    (a float also takes an int). Unknown keys and wrong types raise ValueError naming
+    the valid keys. --help prints every key with its default and exits."""
+    argv = sys.argv[1:] if argv is None else argv
+    config = dict(defaults)
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(doc.strip() + "\n\nkeys (--key=value) and their defaults:")
+            print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+            sys.exit(0)
+        if not arg.startswith("--") or "=" not in arg:
+            raise ValueError(f"argument {arg!r} is not of the form --key=value (try --help)")
+        key, text = arg[2:].split("=", 1)
+        if key not in defaults:
+            raise ValueError(f"unknown key {key!r}; valid keys: {', '.join(defaults)}")
+        config[key] = _parse_value(key, text, defaults[key])
+    return config
+
+
+def _parse_value(key, text, default):
+    if isinstance(default, str):
+        return text                                   # strings are taken verbatim
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text.lower() if text.lower() in ("true", "false", "nan", "inf", "-inf") else text
+        value = {"true": True, "false": False}.get(value, value)
+        if isinstance(default, float) and value in ("nan", "inf", "-inf"):
+            value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"--{key}={text} is not a finite number")
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float) if isinstance(default, float) else int) and not isinstance(value, bool)
+        value = float(value) if ok and isinstance(default, float) else value
+    else:                                             # None or a container default
+        ok = default is None or isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"--{key}={text} has the wrong type: expected {type(default).__name__} "
+                         f"like the default {default!r}")
+    return value
+
+
+def given_keys(argv):
+    """The keys set explicitly on this command line."""
+    return [a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and "=" in a]
+
+
+def flag_value(argv, key, default):
+    """The raw text of --key=... on this command line, the last one winning as in
+    configure(); default if it is absent. For the keys that pick other defaults."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{key}=")]
+    return given[-1] if given else default
+
+
+def check_ranges(cfg, positive=(), nonnegative=(), fractions=(), seeds=("seed",)):
+    """Refuse, before any work, a flag outside its range: `positive` > 0, `nonnegative`
+    >= 0, `fractions` in [0, 1), `seeds` in [0, MAX_SEED]."""
+    for keys, ok, allowed in ((positive, lambda v: v > 0, "> 0"),
+                              (nonnegative, lambda v: v >= 0, ">= 0"),
+                              (fractions, lambda v: 0 <= v < 1, "in [0, 1)"),
+                              (seeds, lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]")):
+        for k in keys:
+            if not ok(cfg[k]):
+                raise ValueError(f"--{k}={cfg[k]} is out of range: it must be {allowed}")
+
+
+def parse_int_list(key, text):
+    """'1,10,50' -> {1, 10, 50}; anything else names the flag."""
+    try:
+        values = {int(e) for e in text.split(",") if e.strip()}
+    except ValueError:
+        values = {0}
+    if any(v <= 0 for v in values):
+        raise ValueError(f"--{key}={text} must be a comma list of positive integers, e.g. 1,10,50")
+    return values
+
+
+def resume_config(saved, given, explicit, safe, per_call=("debug",)):
+    """The config a resumed run continues with: the checkpoint's, with out_dir the folder
+    given (a moved folder resumes where it now is), and each flag named on this command
+    line (`explicit`) applied when it is in `safe` (it cannot change what was computed so
+    far, e.g. lr, max_hours); any other that differs is refused. `per_call` flags (where
+    to stop this call) always take this command line's value. Returns (config, changed),
+    changed = {key: [checkpoint's value, new value]}."""
+    config, changed, refused = dict(saved), {}, []
+    config.update({k: v for k, v in given.items() if k not in saved})       # keys added to the script since
+    for k in explicit:
+        if k in ("init_from", "out_dir") or given[k] == saved.get(k):
+            continue
+        if k in safe:
+            config[k], changed[k] = given[k], [saved.get(k), given[k]]
+        else:
+            refused.append(f"--{k}={given[k]} (the checkpoint has {saved.get(k)!r})")
+    if refused:
+        raise ValueError(f"--init_from=resume cannot change {', '.join(refused)}: the run would no longer be the "
+                         f"one checkpointed. Flags it may change: {', '.join(safe)}. To change the others, start "
+                         f"a new run in another --out_dir")
+    if saved.get("out_dir") != given["out_dir"]:
+        changed["out_dir"] = [saved.get("out_dir"), given["out_dir"]]
+    config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"], init_from="resume")
+    config["resumes"] = list(saved.get("resumes", [])) + [changed]
+    return config, changed
