@@ -75,6 +75,7 @@ PADDLE_TRIES = 3  # max_paddle_retrial = 2: three draws per paddle (and per seed
 COLLISION = 1.8  # mask + new mask at or above this: the paddles collide
 FREE = 0.3  # a pixel whose (dilated) mask is at most this is free for a seed
 MIN_FREE_SHARE = 0.01  # stop_with_availability: no distractor once fewer pixels are free
+CANVAS_BYTES = 2 ** 27  # target pairs are grown in batches whose canvases stay under this
 
 
 def params(resolution):
@@ -226,10 +227,13 @@ def sprites(resolution, margin):
 # canvases: a batch of images, padded by the sprite half-size so every patch fits
 
 
-def _patch_index(h, y, x):
-    """Indices of the (2h + 1)^2 patches centred on pixels (y, x) (k,) of canvases padded by h."""
+def _patch_index(canvas, rows, y, x, h):
+    """Flat indices into canvas (n, P, P) (padded by h) of the (2h + 1)^2 patches centred
+    on pixels (y, x) of images rows (k,) -> (k, 2h + 1, 2h + 1)."""
+    P = canvas.shape[-1]
     d = np.arange(2 * h + 1)
-    return (y[:, None, None] + d[None, :, None]), (x[:, None, None] + d[None, None, :])
+    corner = (rows * P + y) * P + x  # pixel (y, x) sits at (y + h, x + h); its patch starts at (y, x)
+    return corner[:, None, None] + d[None, :, None] * P + d[None, None, :]
 
 
 def paste(canvas, rows, y, x, patches, R, h):
@@ -237,16 +241,16 @@ def paste(canvas, rows, y, x, patches, R, h):
     (the padding stays 0, so the collision test never sees it). rows distinct."""
     if len(rows) == 0:
         return
-    yy, xx = _patch_index(h, y, x)
-    inside = (yy >= h) & (yy < R + h) & (xx >= h) & (xx < R + h)
-    index = rows[:, None, None], yy, xx
-    canvas[index] = np.maximum(canvas[index], patches * inside)
+    d = np.arange(-h, h + 1)
+    yy, xx = y[:, None] + d, x[:, None] + d
+    inside = ((yy >= 0) & (yy < R))[:, :, None] & ((xx >= 0) & (xx < R))[:, None, :]
+    flat, index = canvas.reshape(-1), _patch_index(canvas, rows, y, x, h)
+    flat[index] = np.maximum(flat[index], patches * inside)
 
 
 def patch_at(canvas, rows, y, x, h):
     """The (2h + 1)^2 patches of canvas[rows] around pixels (y, x) (k,)."""
-    yy, xx = _patch_index(h, y, x)
-    return canvas[rows[:, None, None], yy, xx]
+    return canvas.reshape(-1)[_patch_index(canvas, rows, y, x, h)]
 
 
 def translate(point, angle, distance):
@@ -294,9 +298,10 @@ def extend(rng, p, sp, margin, R, mask, rows, pivot, angle):
     turn = np.abs(heading - angle[:, None])
     turn = np.minimum(np.minimum(turn, 2 * np.pi - turn) * p["continuity"], np.pi / 2)
     prior = np.maximum(np.cos(turn), 0) ** 2
-    near = disk(margin)  # (1 - mask dilated by margin) at the candidate
+    near = disk(margin) @ [mask.shape[-1], 1]  # (1 - mask dilated by margin) at the candidate
     c = np.clip(cand, 0, R - 1) + h
-    taken = np.max([mask[rows[:, None], c[..., 0] + oy, c[..., 1] + ox] for oy, ox in near], 0)
+    at = (rows[:, None] * mask.shape[-1] + c[..., 0]) * mask.shape[-1] + c[..., 1]
+    taken = mask.reshape(-1)[at[..., None] + near].max(-1)
     weights = np.where(valid, (1 - taken) * prior, 0.0)
     ok = weights.sum(1) >= 1e-4
     found = np.zeros(k, bool)
@@ -344,11 +349,12 @@ def _seed_free(sp, occupied, keys, border_quirk):
 
 def seed(rng, p, sp, margin, R, n, where):
     """First paddle of n contours (snakes.seed_snake): an orientation in whole degrees, a
-    start pixel among the free ones for it; where = (fits(rows, keys) -> (k,) bool,
-    free(rows, keys) -> (k, R, R) bool); the original gives up at once when the orientation
-    does not fit or no pixel is free, and draws again (up to PADDLE_TRIES) when the
-    paddle's end or pivot falls off the image. -> ok, tail (n, 2), angle, key, pivot."""
-    fits_for, free_for = where
+    start pixel drawn among the free ones for it; where = (fits(rows, keys) -> (k,) bool,
+    pick(rng, rows, keys) -> start (k, 2), any free (k,)); the original gives up at once
+    when the orientation does not fit or no pixel is free, and draws again (up to
+    PADDLE_TRIES) when the paddle's end or pivot falls off the image.
+    -> ok, tail (n, 2), angle, key, pivot."""
+    fits_for, pick = where
     L = p["paddle_length"]
     tail, angle, pivot = np.zeros((n, 2), np.int64), np.zeros(n), np.zeros((n, 2), np.int64)
     ok, todo = np.zeros(n, bool), np.arange(n)
@@ -358,7 +364,7 @@ def seed(rng, p, sp, margin, R, n, where):
         a = _random_degrees(rng, len(todo))
         fits = fits_for(todo, sp.key(a))
         todo, a = todo[fits], a[fits]
-        start, anywhere = _free_pixel(rng, free_for(todo, sp.key(a)))
+        start, anywhere = pick(rng, todo, sp.key(a))
         todo, a, start = todo[anywhere], a[anywhere], start[anywhere]
         head = translate(start, a, L)
         behind = translate(head, reverse(a), L + margin)
@@ -378,7 +384,7 @@ def occupancy_seeds(sp, occupied, border_quirk):
     framed = occupied.copy()
     framed[:, [0, -1], :], framed[:, :, [0, -1]] = 1, 1
     fits = lambda rows, keys: room[rows] & (sp.seed_ok[keys] | (not border_quirk))
-    return fits, lambda rows, keys: _seed_free(sp, framed[rows], keys, border_quirk)
+    return fits, lambda rng, rows, keys: _free_pixel(rng, _seed_free(sp, framed[rows], keys, border_quirk))
 
 
 _CENTRAL = {}
@@ -386,14 +392,23 @@ _CENTRAL = {}
 
 def central_seeds(R, p, sp, margin, border_quirk):
     """`where` of the first target's seed: the occupancy is the same for every image (a frame
-    of 2 seed_distance), so the free pixels of each orientation are worked out once."""
+    of 2 seed_distance), so the free pixels of each orientation are listed once."""
     key = (R, margin, border_quirk)
     if key not in _CENTRAL:
         central = np.maximum(_frame(R, p["padding"]), _frame(R, min(2 * p["seed_distance"], R // 2)))
         keys = np.arange(len(sp.mask))
-        _CENTRAL[key] = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
-    free = _CENTRAL[key]
-    return lambda rows, keys: sp.seed_ok[keys] | (not border_quirk), lambda rows, keys: free[keys]
+        free = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
+        count = free.sum((1, 2))
+        listed = np.zeros((len(keys), max(count.max(), 1), 2), np.int64)
+        for k in keys:
+            listed[k, :count[k]] = np.argwhere(free[k])
+        _CENTRAL[key] = listed, count
+    listed, count = _CENTRAL[key]
+
+    def pick(rng, rows, keys):
+        j = np.floor(rng.random(len(keys)) * count[keys]).astype(np.int64)
+        return listed[keys, np.minimum(j, listed.shape[1] - 1)], count[keys] > 0
+    return lambda rows, keys: sp.seed_ok[keys] | (not border_quirk), pick
 
 
 # -----------------------------------------------------------------------------
@@ -467,7 +482,7 @@ def _target_pairs(rng, n, R, p, sp, length, margin, all_pairs, border_quirk):
         if tried > 5000 * (n + 50):
             raise RuntimeError(f"PathFinder{R}: contours of length {length} hardly ever fit")
         rate = (have + 1) / (tried + 20)  # running estimate of pairs per attempt
-        attempts = int(min(20000, max(64, 1.3 * (n - have) / rate)))
+        attempts = int(min(CANVAS_BYTES // (8 * (R + 2 * sp.h) ** 2), max(64, 1.3 * (n - have) / rate)))
         pairs = _grow_targets(rng, attempts, R, p, sp, length, margin, all_pairs, border_quirk)
         tried += attempts
         found.append(pairs)
