@@ -6,6 +6,7 @@ with OpenCV, 1,000 images per length) come from tools/pathfinder_vs_original.py.
 `python tests/test_pathfinder.py` prints the validation table of pathfinder.py alone."""
 
 import ast
+import json
 import os
 import sys
 
@@ -202,6 +203,38 @@ def test_pathx_is_128_by_128_with_its_two_margins():
     assert set(info["margin"]) <= {2, 3} and P.PARAMS[128]["paddle_length"] > P.PARAMS[32]["paddle_length"]
     with pytest.raises(ValueError, match="resolution must be one of"):
         P.params(64)
+
+
+def load_validation_tool():
+    import importlib.util
+    path = os.path.join(os.path.dirname(HERE), "tools", "pathfinder_vs_original.py")
+    spec = importlib.util.spec_from_file_location("pathfinder_vs_original", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_validation_tool_refuses_a_missing_original_before_writing(tmp_path):
+    tool = load_validation_tool()
+    out = tmp_path / "run"
+    with pytest.raises(FileNotFoundError, match="no snakes2.py there"):
+        tool.main([f"--original={tmp_path / 'nowhere'}", f"--out_dir={out}", "--n=16"])
+    with pytest.raises(ValueError, match="--n must be at least 8"):
+        tool.main(["--n=2", f"--out_dir={out}"])
+    assert not out.exists()
+
+
+def test_validation_tool_measures_ours_alone(tmp_path, capsys):
+    """--original='' gives pathfinder.py's column of the side-by-side table."""
+    tool = load_validation_tool()
+    out = tmp_path / "run"
+    tool.main(["--n=24", "--lengths=6", f"--out_dir={out}"])
+    results = json.loads((out / "results.json").read_text())["ours"]["6"]
+    assert results["asked"] == 10 and 0 <= results["overlap"] <= results["touch"] <= 1
+    assert set(f"solver_{b}" for b in (0, 1, 2, 3)) <= set(results)
+    assert "| flood-fill solver, bridge 3 px |" in capsys.readouterr().out and (out / "grid.png").exists()
+    with pytest.raises(FileExistsError):
+        tool.main(["--n=24", "--lengths=6", f"--out_dir={out}"])
 
 
 def shortcut_probes(seed, n, length, **options):
