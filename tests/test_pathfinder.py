@@ -121,8 +121,8 @@ def test_first_target_starts_in_the_one_direction_the_border_check_allows():
 def test_targets_may_touch_as_in_the_original(length, low):
     """Collisions are tested on soft dilated masks (refused at a sum of 1.8), without the
     other target's newest paddle: the targets touch or cross in some images (the original:
-    a pixel lit in both targets in 0.14 of images at length 6, 0.25 at 14; 8-adjacent lit
-    pixels in 0.24 and 0.48). all_pairs=True checks the newest paddles too: they keep apart."""
+    a pixel lit in both targets in 0.14 of images at length 6, 0.25 at 14; lit
+    pixels side by side in 0.24 and 0.48). all_pairs=True checks the newest paddles too: they keep apart."""
     _, info, _ = batch(3, 100, length)
     d = np.array([target_distance(info, i) for i in range(100)])
     assert (d <= 0.5).mean() >= low, np.sort(d)[:10]

@@ -233,7 +233,7 @@ def measure(run, asked):
 
 
 ROWS = [("positive share", "positive", "{:.3f}"), ("distractors placed", "placed", "{:.2f}"),
-        ("targets share a lit pixel", "overlap", "{:.3f}"), ("targets touch (8-adjacent)", "touch", "{:.3f}")] + \
+        ("targets share a lit pixel", "overlap", "{:.3f}"), ("targets touch (lit pixels side by side or shared)", "touch", "{:.3f}")] + \
        [(f"target joined through own gaps, bridge {b} px", f"own_joined_{b}", "{:.3f}") for b in BRIDGES] + \
        [(f"flood-fill solver, bridge {b} px", f"solver_{b}", "{:.3f}") for b in BRIDGES] + \
        [("marker distance, positives (px)", "distance_pos", "{:.2f}"), ("marker distance, negatives (px)", "distance_neg", "{:.2f}"),
