@@ -764,8 +764,9 @@ def export_pathfinder_lra(folder, images, labels, margins=None, batch_size=1000,
     """Write the official layout: <folder>/imgs/<b>/sample_<i>.png and <folder>/metadata/<b>.npy, whose
     text lines read 'imgs/<b> sample_<i>.png <i> <label> <continuity> <contour length> <distractor length>
     <paddle length> <paddle thickness> <margin> 1'. As snakes2.py, each batch numbers its samples from 0;
-    margin is each image's own (margins (n,); None: the resolution's first margin)."""
-    import matplotlib.image
+    margin is each image's own (margins (n,); None: the resolution's first margin). The PNGs are 8-bit
+    greyscale, as scipy.misc.imsave wrote them (a colormapped PNG would shift some grey levels)."""
+    from PIL import Image
     from tqdm import tqdm
     p = pathfinder.params(resolution)
     margins = np.full(len(labels), p["margins"][0]) if margins is None else np.asarray(margins)
@@ -774,7 +775,7 @@ def export_pathfinder_lra(folder, images, labels, margins=None, batch_size=1000,
         lines = []
         for i, j in enumerate(range(b * batch_size, min((b + 1) * batch_size, len(labels)))):
             name = f"sample_{i}.png"
-            matplotlib.image.imsave(os.path.join(folder, "imgs", str(b), name), images[j], cmap="gray", vmin=0, vmax=255)
+            Image.fromarray(np.asarray(images[j], np.uint8)).save(os.path.join(folder, "imgs", str(b), name))
             lines.append(f"imgs/{b} {name} {i} {int(labels[j])} {p['continuity']} {contour_length} "
                          f"{contour_length // 3} {p['paddle_length']} {p['paddle_thickness']} {int(margins[j])} 1\n")
         _atomic_write_text(os.path.join(folder, "metadata", f"{b}.npy"), "".join(lines))

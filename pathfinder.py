@@ -5,76 +5,78 @@ from this project: copy it and call
 
     images, info = pathfinder_batch(np.random.default_rng(0), labels=[0, 1, 1], contour_length=14)
 
-The rules are those of the original generator (github.com/drewlinsley/pathfinder,
-`snakes.py` for one contour, `snakes2.py` for the two targets and the markers,
-`snakes2_wrapper.py` for the settings per difficulty):
+It follows the original generator (github.com/drewlinsley/pathfinder: `snakes.py` for
+one contour, `snakes2.py` for the two targets and the markers) run with the arguments
+LRA published for its data (google-research/long-range-arena,
+`lra_benchmarks/data/pathfinder.py`, the Pathfinder32 and Pathfinder128 docstrings).
+Everything happens on the pixel grid, as there:
 
-- A contour is a chain of `contour_length` short dashes ("paddles"). From the end
-  of a paddle the chain steps on by `margin`, turns, and the next paddle starts
-  after another `margin`: the gap between two paddles of one contour is 2 margin.
-- The turn is drawn among the candidates one pixel of arc apart on the circle of
-  radius paddle_length + margin, weighted cos^2(min(continuity |turn|, pi/2)),
-  among those whose paddle is free.
-- Free means: the paddle dilated by `margin` overlaps no dilated paddle already
-  drawn, except the newest one of its own contour. Between contours nothing else
-  is forbidden, so two contours may pass as close as two dashes of one contour.
-  That ambiguity is what makes the task hard; no extra spacing is kept.
-- Two target contours start seed_distance apart near the centre and grow one
-  paddle each in turn; an attempt that cannot finish is drawn again.
-- Distractors: num = distractor_paddles // (contour_length // 3) contours of
-  contour_length // 3 paddles (20 paddles at 32 px, 35 at 128 px). Each starts at
-  a pixel drawn uniformly among the free ones (for a drawn orientation, the seed
-  paddle must fit there) and gets 5 tries; what does not fit is left out.
-- The label is drawn at random (1/2). Two circle markers: one on the origin tip
-  of a target drawn at random, the other on the far tip of the same target
-  (label 1) or of the other one (label 0). Nothing controls the marker distance.
-- Drawing: anti-aliased paddles at `contrast`, full-white markers.
+- A paddle is a line of `paddle_length` px drawn at `antialias` x resolution, one
+  (blown-up) pixel wide at 32 px, and shrunk with a Lanczos filter (as Pillow's
+  resize, which scipy.misc.imresize called). Its "mask" is the same line dilated by
+  `margin` before shrinking: soft values in [0, 1].
+- Images keep a soft occupancy mask: the sum of the masks already drawn. A new
+  paddle is refused when mask + its own mask reaches COLLISION (1.8) anywhere, so
+  two dilated paddles may overlap partly: contours can touch.
+- A contour grows from a joint ("pivot", a whole pixel) L + 2 margin past the last one.
+  The next paddle's far end is drawn among the whole pixels (truncated) on the circle of
+  radius L + margin around the joint, weighted by cos^2(min(continuity |turn|, pi/2))
+  times (1 - mask dilated by margin) at that pixel; up to PADDLE_TRIES draws pass the
+  collision test or the contour fails. A contour's own newest paddle is not yet in
+  the mask (it joins at the next step), so consecutive paddles may overlap.
+- Two targets: the first starts on a free pixel of the central square (2 seed_distance
+  from every border), the second seed_distance away in a random direction; they grow
+  one paddle each in turn, and an attempt that fails is drawn again from scratch.
+- Distractors: 20 // (L // 3) contours of contour_length // 3 paddles at 32 px (35 at
+  128), each seeded on a pixel where its first paddle is free, SNAKE_TRIES tries each;
+  what does not fit is left out.
+- Targets are drawn at paddle_contrast x snake_contrast (0.75 x 2 = 1.5 at 32 px),
+  distractors at snake_contrast (2.0): distractors are brighter. Markers are discs of
+  marker_radius at 1.0, one on the first target's origin tip (a target drawn at random)
+  and one on the far tip of the same target (label 1) or of the other (label 0); the
+  label is drawn at random and nothing controls the marker distance.
+- The image (the maximum of all of it) is saved by dividing by its own maximum
+  (scipy.misc.imsave's byte scaling): the brightest pixel is 255.
 
-Departures from the original, each a named option (defaults in brackets):
-- `spacing` [0]: extra distance kept between contours on top of the dilation
-  (the earlier version here used 1.5 px at 32, 3 px at 128; that made a local
-  gap-bridging flood fill solve the task).
-- `match_distance` [False]: draw positives and negatives from the same
-  distribution of marker distance (the original does not).
-- `all_pairs` [True]: every pair of paddles of different contours is checked.
-  The original checks a new paddle against a mask that still lacks the other
-  target's newest paddle, and hands the distractors a mask without the first
-  target's last paddle, so targets can cross at their growing ends and a
-  distractor can lie on a marked tip; with False those pairs go unchecked here too.
-- `cells` (3 at 32 px, 2 at 128): the dilation test is done on a grid `cells`
-  times finer than the pixels, from three points per paddle (ends and middle);
-  the original tests the anti-aliased masks pixel by pixel.
-Not kept as options: coordinates are continuous (the original rounds each joint
-to a whole pixel), a turn is drawn among the free candidates (the original draws
-up to 3 times among candidates whose end pixel is free, then gives up), and the
-32 px settings are this project's (LRA's own 32 px arguments are not public; the
-public wrapper draws 300 px images, see PARAMS_ORIGINAL_WRAPPER).
+Quirks of the original, kept as options whose default is the original's behaviour
+(the behaviour LRA's released images carry):
+- `border_quirk` [True]: a seed is placed by dilating the occupancy (with its one-pixel
+  frame) by the paddle's footprint with OpenCV, whose floating-point border is -DBL_MAX.
+  For most orientations some frame pixel then comes out negative and the seed fails:
+  at 32 px only -150..-121 degrees pass (real OpenCV 4.10 agrees). So the first target
+  always starts in that direction and most distractors are never placed (the original:
+  3.3 of 10 asked at length 6, 1.7 of 6 at 9, 1.15 of 5 at 14; so here too).
+  False: every orientation may seed (distractors placed close to the count asked).
+- `all_pairs` [False]: the original checks a target's new paddle against a mask that
+  lacks the other target's newest paddle, and hands the distractors a mask without the
+  first target's last paddle. True: those paddles are checked too.
+- `normalise` [True]: divide each image by its maximum. False: intensity 1.0 = 255,
+  clipped (markers always 255, distractors saturate).
+Also an option: `match_distance` [False]: positives and negatives drawn from the same
+distribution of marker distance (the original does not control it).
+
+Departure: lines wider than one blown-up pixel (Path-X, 128 px) are rasterised as the
+pixels within half the width of the segment; Pillow draws them as polygons.
 """
 
 import numpy as np
 
-VERSION = 2  # bump whenever the images for a given seed change: caches are keyed on it
+VERSION = 3  # bump whenever the images for a given seed change: caches are keyed on it
 
-# per resolution: paddle length/thickness, margins (one drawn per image), marker radius,
-# seed distance, continuity, padding, distractor paddles, contrast, anti-aliasing, cells
+# LRA's arguments to snakes2 (lra_benchmarks/data/pathfinder.py), per resolution; the rest
+# are the wrapper's defaults. A margin is drawn per image from `margins`.
 PARAMS = {
-    32: dict(paddle_length=2, paddle_thickness=0.5, margins=(1,), marker_radius=1.5, seed_distance=7,
-             continuity=1.0, padding=1, distractor_paddles=20, contrast=1.5, aa=4, cells=3),
-    128: dict(paddle_length=5, paddle_thickness=1.5, margins=(2, 3), marker_radius=3, seed_distance=20,
-              continuity=1.8, padding=1, distractor_paddles=35, contrast=0.9, aa=2, cells=2),
+    32: dict(padding=1, antialias=2, margins=(1,), seed_distance=7, marker_radius=1.5, paddle_length=2,
+             paddle_thickness=0.5, continuity=1.0, distractor_paddles=20, snake_contrast=2.0, paddle_contrast=0.75),
+    128: dict(padding=1, antialias=2, margins=(2, 3), seed_distance=20, marker_radius=3, paddle_length=5,
+              paddle_thickness=1.5, continuity=1.8, distractor_paddles=35, snake_contrast=0.9, paddle_contrast=1.0),
 }
-# snakes2_wrapper.py as published (300 x 300 images), for comparison
-PARAMS_ORIGINAL_WRAPPER = dict(window=300, paddle_length=5, paddle_thickness=2, margins=(3,), marker_radius=5,
-                               seed_distance=27, continuity=1.8, padding=22, distractor_paddles=30, contrast=1.0,
-                               aa=2, distractor_tries=5, paddle_tries=3)
-DISTRACTOR_TRIES = 5  # max_distractor_contour_retrial = 4, i.e. 5 tries per distractor
-
-
-def distractors_asked(contour_length, resolution=32):
-    """-> (number of distractor contours, paddles in each), as the wrapper: length // 3 paddles,
-    distractor_paddles // that many contours."""
-    d_len = max(contour_length // 3, 1)
-    return params(resolution)["distractor_paddles"] // d_len, d_len
+SNAKE_TRIES = 5  # max_distractor_contour_retrial = 4: five tries per distractor
+PADDLE_TRIES = 3  # max_paddle_retrial = 2: three draws per paddle (and per seed)
+COLLISION = 1.8  # mask + new mask at or above this: the paddles collide
+FREE = 0.3  # a pixel whose (dilated) mask is at most this is free for a seed
+MIN_FREE_SHARE = 0.01  # stop_with_availability: no distractor once fewer pixels are free
+CANVAS_BYTES = 2 ** 27  # target pairs are grown in batches whose canvases stay under this
 
 
 def params(resolution):
@@ -83,359 +85,551 @@ def params(resolution):
     return PARAMS[resolution]
 
 
-# -----------------------------------------------------------------------------
-# geometry helpers
-
-
-def segment_distance(points, segs):
-    """Distance from points (..., 2) to segments (..., 4) as x0 y0 x1 y1, broadcast."""
-    px, py = points[..., 0], points[..., 1]
-    ax, ay, bx, by = segs[..., 0], segs[..., 1], segs[..., 2], segs[..., 3]
-    dx, dy = bx - ax, by - ay
-    t = np.clip(((px - ax) * dx + (py - ay) * dy) / np.maximum(dx * dx + dy * dy, 1e-12), 0, 1)
-    ex, ey = px - ax - t * dx, py - ay - t * dy
-    return np.sqrt(ex * ex + ey * ey)
-
-
-def segments_distance(a, b):
-    """Exact distance between segments a (..., 4) and b (..., 4) that do not cross:
-    the least of the four end-to-segment distances (0 where they cross)."""
-    d = np.minimum(np.minimum(segment_distance(a[..., :2], b), segment_distance(a[..., 2:], b)),
-                   np.minimum(segment_distance(b[..., :2], a), segment_distance(b[..., 2:], a)))
-    cross = lambda p, q, r: (q[..., 0] - p[..., 0]) * (r[..., 1] - p[..., 1]) - (q[..., 1] - p[..., 1]) * (r[..., 0] - p[..., 0])
-    a0, a1, b0, b1 = a[..., :2], a[..., 2:], b[..., :2], b[..., 2:]
-    crossing = (cross(a0, a1, b0) * cross(a0, a1, b1) < 0) & (cross(b0, b1, a0) * cross(b0, b1, a1) < 0)
-    return np.where(crossing, 0.0, d)
-
-
-def _three_points(segs):
-    """Ends and middle of segments (..., 4) -> (..., 3, 2)."""
-    a, b = segs[..., :2], segs[..., 2:]
-    return np.stack([a, (a + b) / 2, b], -2)
-
-
-def _unit(angle):
-    return np.stack([np.cos(angle), np.sin(angle)], -1)
-
-
-_DISKS = {}
-
-
-def _disk_offsets(radius, width):
-    """Flat offsets of the cells within radius (in cells) of a cell, in rows of width."""
-    if (radius, width) not in _DISKS:
-        r = int(np.ceil(radius))
-        dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
-        keep = dx ** 2 + dy ** 2 <= radius ** 2
-        _DISKS[radius, width] = (dy[keep] * width + dx[keep]).astype(np.int64)
-    return _DISKS[radius, width]
-
-
-class _Occupancy:
-    """For a batch of images, where a new paddle may not go: a boolean map per image on a
-    grid `cells` times finer than the pixels (with a border, so stamps near the edge need
-    no bounds checks). Stamping a paddle forbids every cell within `radius` of its ends
-    and middle; a candidate is free if its ends and middle are allowed and inside [lo, hi]."""
-
-    def __init__(self, n, R, cells, lo, hi, radius, reach=0):
-        self.g, self.lo, self.hi, self.radius = cells, lo, hi, radius
-        self.b = int(np.ceil((radius + reach) * cells)) + 2  # reach: how far seed_free looks past a pixel
-        self.W = R * cells + 2 * self.b
-        self.map = np.zeros(n * self.W * self.W, bool)  # flat (n, W, W)
-
-    def _flat(self, img, pts):
-        c = np.floor(pts * self.g).astype(np.int64) + self.b
-        return (img * self.W + c[..., 1]) * self.W + c[..., 0]
-
-    def stamp(self, img, segs):
-        """Forbid the cells near segs (k, 4) in images img (k,)."""
-        if len(img):
-            base = self._flat(img[:, None], _three_points(segs))  # (k, 3)
-            self.map[base[:, :, None] + _disk_offsets(self.radius * self.g, self.W)[None, None]] = True
-
-    def free(self, img, segs):
-        """segs (k, K, 4) candidates in images img (k,) -> (k, K) free."""
-        pts = _three_points(segs)  # (k, K, 3, 2)
-        inside = ((pts >= self.lo) & (pts <= self.hi)).all((-1, -2))
-        hit = self.map[self._flat(img[:, None, None], np.clip(pts, self.lo, self.hi))]
-        return inside & ~hit.any(-1)
-
-    def seed_free(self, img, pixels, offsets):
-        """Paddles from every pixel (P, 2) (whole numbers) to pixel + offsets (k, 2), for images
-        img (k,) -> (k, P) free. As the pixel is whole, its cells shift by whole cells."""
-        pts = np.stack([np.zeros_like(offsets), offsets / 2, offsets], 1)  # (k, 3, 2)
-        c = np.floor(pts * self.g).astype(np.int64)
-        shift = c[..., 1] * self.W + c[..., 0]  # (k, 3)
-        base = (pixels[:, 1].astype(np.int64) * self.g + self.b) * self.W + pixels[:, 0].astype(np.int64) * self.g + self.b
-        hit = self.map[(img * self.W * self.W)[:, None, None] + base[None, :, None] + shift[:, None, :]].any(-1)
-        lo_xy = np.minimum(0, offsets)[:, None]  # the paddle's extent beyond the pixel
-        hi_xy = np.maximum(0, offsets)[:, None]
-        inside = ((pixels[None] + lo_xy >= self.lo) & (pixels[None] + hi_xy <= self.hi)).all(-1)
-        return inside & ~hit
-
-
-def _turns(p, margin):
-    """Candidate turns at a joint, one per pixel of arc on the circle of radius
-    paddle_length + margin, and their weights cos^2(min(continuity |turn|, pi/2))."""
-    n = int(round(2 * np.pi * (p["paddle_length"] + margin)))
-    turns = np.linspace(-np.pi, np.pi, n, endpoint=False)
-    weights = np.cos(np.minimum(p["continuity"] * np.abs(turns), np.pi / 2)) ** 2
-    return turns[weights > 1e-6], weights[weights > 1e-6]
-
-
-class _Contours:
-    """A batch of growing contours: each one's joint (where the next step starts), direction,
-    newest paddle, and origin tip."""
-
-    def __init__(self, tail, angle, L, m):
-        self.L, self.m = L, m
-        u = _unit(angle)
-        self.first = np.concatenate([tail, tail + L * u], -1)  # the seed paddle (k, 4)
-        self.joint, self.angle, self.last, self.origin = tail + (L + m) * u, angle.copy(), self.first.copy(), tail
-
-    def candidates(self, turns, rows):
-        """The paddles after each turn, for the given rows -> (k, K, 4), their angles (k, K)."""
-        angles = self.angle[rows, None] + turns[None]
-        u = _unit(angles)
-        j = self.joint[rows, None]
-        return np.concatenate([j + self.m * u, j + (self.m + self.L) * u], -1), angles
-
-    def step(self, rng, rows, cands, angles, ok, weights):
-        """Draw one free turn per row (continuity prior); rows without one fail. -> success (k,)."""
-        w = weights[None] * ok
-        total = w.sum(1)
-        alive = total > 0
-        pick = (np.cumsum(w, 1) < (rng.random(len(w)) * total)[:, None]).sum(1).clip(max=w.shape[1] - 1)
-        r = np.nonzero(alive)[0]
-        seg = cands[r, pick[r]]
-        self.last[rows[r]] = seg
-        self.angle[rows[r]] = angles[r, pick[r]]
-        self.joint[rows[r]] = seg[:, 2:] + self.m * _unit(self.angle[rows[r]])
-        return alive
-
-
-def _bounds(R, p, margin):
-    """Paddle centre lines stay inside [lo, hi]: the dilated paddle keeps off the padding border."""
-    edge = p["padding"] + margin + p["paddle_thickness"] / 2
-    return edge, R - 1 - edge
-
-
-def _clearance(p, margin, spacing):
-    """Centre lines of paddles of different contours stay this far apart: the two
-    dilated dashes (half-width margin + thickness/2 each) do not overlap, plus `spacing`."""
-    return 2 * margin + p["paddle_thickness"] + spacing
+def distractors_asked(contour_length, resolution=32):
+    """-> (number of distractor contours, paddles in each): contour_length // 3 paddles,
+    distractor_paddles // that many contours."""
+    d_len = max(contour_length // 3, 1)
+    return params(resolution)["distractor_paddles"] // d_len, d_len
 
 
 # -----------------------------------------------------------------------------
-# the two target contours
+# drawing at antialias x resolution, then shrinking as Pillow's Lanczos resize
 
 
-def _targets(rng, n, R, p, length, margin, spacing, all_pairs):
-    """Grow pairs of target contours for n attempts at once, one paddle of each in turn.
-    -> alive (n,), paddles (n, 2, length, 4)."""
-    L, sd = p["paddle_length"], p["seed_distance"]
-    lo, hi = _bounds(R, p, margin)
-    clear = _clearance(p, margin, spacing)
-    turns, weights = _turns(p, margin)
-    box = (2 * sd, R - 1 - 2 * sd) if R - 1 > 4 * sd else ((R - 1) / 2, (R - 1) / 2)
-    tail1 = rng.uniform(*box, (n, 2))  # the original: a free pixel at least 2 seed_distance from the border
-    tail2 = tail1 + sd * _unit(rng.uniform(0, 2 * np.pi, n))
-    snakes = [_Contours(tail1, rng.uniform(-np.pi, np.pi, n), L, margin),
-              _Contours(tail2, rng.uniform(-np.pi, np.pi, n), L, margin)]
-    occupied = _Occupancy(n, R, p["cells"], lo, hi, clear)  # every paddle but each contour's newest
-    alive = np.ones(n, bool)
-    for s in snakes:
-        alive &= ((s.first.reshape(n, 2, 2) >= lo) & (s.first.reshape(n, 2, 2) <= hi)).all((1, 2))
-    if all_pairs:
-        alive &= segments_distance(snakes[0].first, snakes[1].first) >= clear
-    paddles = [[s.first.copy()] for s in snakes]
-    for _ in range(length - 1):
-        for i, s in enumerate(snakes):
-            r = np.nonzero(alive)[0]
-            cands, angles = s.candidates(turns, r)
-            ok = occupied.free(r, cands)
-            if all_pairs:  # the other target's newest paddle, which the original leaves out
-                ok &= segments_distance(cands, snakes[1 - i].last[r, None]) >= clear
-            previous = s.last[r].copy()
-            alive[r] &= s.step(rng, r, cands, angles, ok, weights)
-            keep = alive[r]
-            occupied.stamp(r[keep], previous[keep])  # this contour's previous paddle now counts
-            paddles[i].append(s.last.copy())
-    return alive, np.stack([np.stack(paddles[0], 1), np.stack(paddles[1], 1)], 1)
+def lanczos_weights(n_in, n_out):
+    """Pillow's resampling weights for a Lanczos (a = 3) resize from n_in to n_out
+    pixels, in its fixed point (22 fraction bits). -> int64 (n_out, n_in)."""
+    scale = n_in / n_out
+    support = 3 * max(scale, 1.0)
+    K = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        centre = (i + 0.5) * scale
+        lo, hi = max(int(centre - support + 0.5), 0), min(int(centre + support + 0.5), n_in)
+        x = (np.arange(lo, hi) - centre + 0.5) / max(scale, 1.0)
+        w = np.where(np.abs(x) < 3, np.sinc(x) * np.sinc(x / 3), 0.0)
+        K[i, lo:hi] = w / w.sum()
+    K *= 1 << 22
+    return np.where(K < 0, np.trunc(K - 0.5), np.trunc(K + 0.5)).astype(np.int64)
+
+
+def shrink(images, n_out):
+    """uint8 images (..., n, n) -> (..., n_out, n_out): rows then columns, each pass
+    rounded and clipped to 8 bits, as Pillow does."""
+    K = lanczos_weights(images.shape[-1], n_out)
+    h = np.clip((images.astype(np.int64) @ K.T + (1 << 21)) >> 22, 0, 255)
+    v = np.clip((np.swapaxes(h, -1, -2) @ K.T + (1 << 21)) >> 22, 0, 255)
+    return np.swapaxes(v, -1, -2).astype(np.uint8)
+
+
+def line_pixels(size, centre, dy, dx, width):
+    """A line from (centre, centre) to (centre + dy, centre + dx) on a size x size grid:
+    one pixel wide, both ends included, minor axis rounded half away from zero (as
+    Pillow draws it); wider: the pixels within width / 2 of the segment."""
+    out = np.zeros((size, size), bool)
+    if width <= 1:
+        n = max(abs(dy), abs(dx))
+        t = np.arange(n + 1)
+        step = lambda d: np.sign(d) * np.floor(np.abs(t * d / max(n, 1)) + 0.5)
+        out[(centre + step(dy)).astype(int), (centre + step(dx)).astype(int)] = True
+        return out
+    yy, xx = np.mgrid[0:size, 0:size] - centre
+    length2 = max(dy * dy + dx * dx, 1e-12)
+    t = (yy * dy + xx * dx) / length2
+    across = np.abs(yy * dx - xx * dy) / np.sqrt(length2)
+    out[(t >= 0) & (t <= 1) & (across <= width / 2)] = True
+    return out
+
+
+def disk(radius):
+    """Offsets (k, 2) of the pixels within radius of the centre (generate_dilation_struct)."""
+    r = int(np.ceil(radius))
+    dy, dx = np.mgrid[-r:r + 1, -r:r + 1]
+    keep = dy ** 2 + dx ** 2 <= radius ** 2
+    return np.stack([dy[keep], dx[keep]], 1)
+
+
+def dilate(grid, offsets, outside=0.0):
+    """Grey dilation: out(p) = max over offsets o of grid(p + o), with `outside` beyond the
+    edge (OpenCV's dilate: -DBL_MAX for a float image). grid (..., H, W)."""
+    H, W = grid.shape[-2:]
+    r = int(np.abs(offsets).max()) if len(offsets) else 0
+    pad = np.pad(grid, [(0, 0)] * (grid.ndim - 2) + [(r, r), (r, r)], constant_values=outside)
+    out = np.full(grid.shape, -np.inf)
+    for oy, ox in offsets:
+        out = np.maximum(out, pad[..., r + oy: r + oy + H, r + ox: r + ox + W])
+    return out
+
+
+class Sprites:
+    """Every paddle the original can draw at one resolution and margin, by the offset
+    (dy, dx) of its end at antialias x scale: its shrunk line (values in [0, 1]) and mask,
+    on a (2h + 1)^2 patch centred on its start pixel, h = L + ceil(thickness) + margin.
+    Also, per offset, the footprint with which a seed of that orientation is placed."""
+
+    def __init__(self, p, margin):
+        L, aa = p["paddle_length"], p["antialias"]
+        self.h = h = L + int(np.ceil(p["paddle_thickness"])) + margin
+        big, self.centre = 2 * h * aa + 1, h * aa
+        self.reach = reach = L * aa
+        width = int(np.round(p["paddle_thickness"] * aa))
+        dilation = disk(margin * aa)
+        side = 2 * reach + 1
+        self.line = np.zeros((side * side, 2 * h + 1, 2 * h + 1))  # by flat index (dy + reach) * side + dx + reach
+        self.mask = np.zeros_like(self.line)
+        for k in range(side * side):
+            dy, dx = k // side - reach, k % side - reach
+            drawn = line_pixels(big, self.centre, dy, dx, width).astype(np.uint8) * 255
+            self.line[k] = shrink(drawn, 2 * h + 1) / 255
+            self.mask[k] = shrink(dilate(drawn.astype(float), dilation).astype(np.uint8), 2 * h + 1) / 255
+        self.seed_footprints(L, margin)
+
+    def seed_footprints(self, L, margin):
+        """seed_snake dilates the occupancy by the mask of a paddle started at pixel
+        (L + margin + 1)^2 of a (2 (L + margin) + 1)^2 patch (so cropped), keeping only the
+        pixels where that mask is exactly 1, anchored at the patch centre. -> per offset:
+        the dilation offsets (k, 2) and whether no pixel of a 32-px image sees only border."""
+        s, start = 2 * (L + margin) + 1, L + margin + 1
+        self.seed_offsets, self.seed_ok = [], np.zeros(len(self.mask), bool)
+        for key in range(len(self.mask)):
+            patch = np.zeros((s + 2 * self.h, s + 2 * self.h))
+            patch[start: start + 2 * self.h + 1, start: start + 2 * self.h + 1] = self.mask[key]
+            kernel = patch[self.h: self.h + s, self.h: self.h + s] == 1.0
+            offsets = np.argwhere(kernel) - (L + margin)
+            self.seed_offsets.append(offsets)
+            # a 32-px frame pixel sees only border unless some offset points into each quadrant
+            self.seed_ok[key] = all(((sy * offsets[:, 0] >= 0) & (sx * offsets[:, 1] >= 0)).any()
+                                    for sy in (-1, 1) for sx in (-1, 1))
+
+    def key(self, angle):
+        """Which sprite a paddle drawn from its start pixel at `angle` (rows down) is: the
+        original rounds its end at antialias scale up (ceil) from the patch centre.
+        angle (k,) -> flat sprite index (k,)."""
+        r = self.reach
+        dy = np.ceil(self.centre + r * np.sin(angle)) - self.centre
+        dx = np.ceil(self.centre + r * np.cos(angle)) - self.centre
+        return ((dy + r) * (2 * r + 1) + dx + r).astype(np.int64)
+
+    def offset(self, key):
+        """Flat sprite index -> (dy, dx) of the paddle's end at antialias scale."""
+        side = 2 * self.reach + 1
+        return np.stack([key // side - self.reach, key % side - self.reach], -1)
+
+
+_SPRITES = {}
+
+
+def sprites(resolution, margin):
+    if (resolution, margin) not in _SPRITES:
+        _SPRITES[resolution, margin] = Sprites(params(resolution), margin)
+    return _SPRITES[resolution, margin]
 
 
 # -----------------------------------------------------------------------------
-# distractors
+# canvases: a batch of images, padded by the sprite half-size so every patch fits
 
 
-def _distractors(rng, R, p, margin, targets, n_contours, length, spacing, all_pairs):
-    """Short contours seeded on free pixels, DISTRACTOR_TRIES tries each; what does not fit
-    is left out. targets (n, 2, T, 4). -> list of (k_i, length, 4) per image."""
-    n = len(targets)
+def _patch_index(canvas, rows, y, x, h):
+    """Flat indices into canvas (n, P, P) (padded by h) of the (2h + 1)^2 patches centred
+    on pixels (y, x) of images rows (k,) -> (k, 2h + 1, 2h + 1)."""
+    P = canvas.shape[-1]
+    d = np.arange(2 * h + 1)
+    corner = (rows * P + y) * P + x  # pixel (y, x) sits at (y + h, x + h); its patch starts at (y, x)
+    return corner[:, None, None] + d[None, :, None] * P + d[None, None, :]
+
+
+def paste(canvas, rows, y, x, patches, R, h):
+    """canvas[rows] = max(canvas, patch) around pixels (y, x), only inside the R x R image
+    (the padding stays 0, so the collision test never sees it). rows distinct."""
+    if len(rows) == 0:
+        return
+    d = np.arange(-h, h + 1)
+    yy, xx = y[:, None] + d, x[:, None] + d
+    inside = ((yy >= 0) & (yy < R))[:, :, None] & ((xx >= 0) & (xx < R))[:, None, :]
+    flat, index = canvas.reshape(-1), _patch_index(canvas, rows, y, x, h)
+    flat[index] = np.maximum(flat[index], patches * inside)
+
+
+def patch_at(canvas, rows, y, x, h):
+    """The (2h + 1)^2 patches of canvas[rows] around pixels (y, x) (k,)."""
+    return canvas.reshape(-1)[_patch_index(canvas, rows, y, x, h)]
+
+
+def translate(point, angle, distance):
+    """snakes.translate_coord: step from whole pixel(s) (k, 2) as (y, x), rounding up."""
+    return np.ceil(point + distance * np.stack([np.sin(angle), np.cos(angle)], -1)).astype(np.int64)
+
+
+def reverse(angle):
+    """The original's flip by pi, into (-pi, pi]."""
+    return np.where(angle < 0, angle + np.pi, angle - np.pi)
+
+
+def inside(point, R):
+    return ((point >= 0) & (point < R)).all(-1)
+
+
+def _draw(rng, weights):
+    """One index per row drawn with probability proportional to weights (k, K) >= 0."""
+    c = np.cumsum(weights, 1)
+    return np.minimum((c < rng.random(len(c))[:, None] * c[:, -1:]).sum(1), weights.shape[1] - 1)
+
+
+# -----------------------------------------------------------------------------
+# growing a contour by one paddle (snakes.extend_snake)
+
+
+def extend(rng, p, sp, margin, R, mask, rows, pivot, angle):
+    """The next paddle of k contours, on the padded masks mask[rows] (k, P, P) (the
+    contour's newest paddle not in them). -> ok (k,), head (k, 2) (the new paddle's far
+    end, where it is drawn from), new angle (k,), sprite key (k,), next pivot (k, 2)."""
+    L, h = p["paddle_length"], sp.h
+    k = len(pivot)
+    joint = translate(pivot, angle, L + 2 * margin)
+    # candidates: one per pixel of arc on the circle of radius L + margin, truncated to whole pixels
+    step = L + margin
+    turns = np.arange(0, 360, 360.0 / (2 * step * np.pi)) * np.pi / 180
+    exact = joint[:, None, :] + step * np.stack([np.sin(turns), np.cos(turns)], -1)[None]  # (k, J, 2)
+    valid = ((exact >= 0) & (exact < R)).all(-1)
+    cand = exact.astype(np.int64)
+    flat = np.where(valid, cand[..., 0] * R + cand[..., 1], -1)
+    same = (flat[:, :, None] == flat[:, None, :]) & valid[:, None, :]
+    valid &= ~np.tril(same, -1).any(2)  # unique pixels: drop a repeat of an earlier candidate
+    d = cand - joint[:, None, :]
+    heading = np.arctan2(d[..., 0], d[..., 1])
+    turn = np.abs(heading - angle[:, None])
+    turn = np.minimum(np.minimum(turn, 2 * np.pi - turn) * p["continuity"], np.pi / 2)
+    prior = np.maximum(np.cos(turn), 0) ** 2
+    near = disk(margin) @ [mask.shape[-1], 1]  # (1 - mask dilated by margin) at the candidate
+    c = np.clip(cand, 0, R - 1) + h
+    at = (rows[:, None] * mask.shape[-1] + c[..., 0]) * mask.shape[-1] + c[..., 1]
+    taken = mask.reshape(-1)[at[..., None] + near].max(-1)
+    weights = np.where(valid, (1 - taken) * prior, 0.0)
+    ok = weights.sum(1) >= 1e-4
+    found = np.zeros(k, bool)
+    pick = np.zeros(k, np.int64)
+    for _ in range(PADDLE_TRIES):  # draw, then test the paddle's mask against the occupancy
+        r = np.nonzero(ok & ~found)[0]
+        if len(r) == 0:
+            break
+        j = _draw(rng, weights[r])
+        head = cand[r, j]
+        key = sp.key(reverse(heading[r, j]))
+        clear = (patch_at(mask, rows[r], head[:, 0], head[:, 1], h) + sp.mask[key]).max((1, 2)) < COLLISION
+        found[r[clear]], pick[r[clear]] = True, j[clear]
+    each = np.arange(k)
+    new_angle = heading[each, pick]
+    return found, cand[each, pick], new_angle, sp.key(reverse(new_angle)), joint
+
+
+# -----------------------------------------------------------------------------
+# seeds (snakes.seed_snake, snakes2.initialize_two_seeds)
+
+
+def _random_degrees(rng, k):
+    return rng.integers(-180, 180, k) * np.pi / 180
+
+
+def _free_pixel(rng, free):
+    """A pixel drawn uniformly among the free ones of each row (k, R, R) -> (k, 2) as (y, x), any (k,)."""
+    R = free.shape[-1]
+    flat = free.reshape(len(free), R * R)
+    j = _draw(rng, flat.astype(float))
+    return np.stack([j // R, j % R], -1), flat.any(1)
+
+
+def _seed_free(sp, occupied, keys, border_quirk):
+    """Where a seed of each row's orientation may start: the occupancy (k, R, R) dilated by
+    the seed footprint of its orientation is at most FREE. Beyond the image: OpenCV's
+    -DBL_MAX with border_quirk (the orientations that fit never see only that), else taken."""
+    free = np.zeros(occupied.shape, bool)
+    for key in np.unique(keys):
+        rows = np.nonzero(keys == key)[0]
+        free[rows] = dilate(occupied[rows], sp.seed_offsets[key], 0.0 if border_quirk else 1.0) <= FREE
+    return free
+
+
+def seed(rng, p, sp, margin, R, n, where):
+    """First paddle of n contours (snakes.seed_snake): an orientation in whole degrees, a
+    start pixel drawn among the free ones for it; where = (fits(rows, keys) -> (k,) bool,
+    pick(rng, rows, keys) -> start (k, 2), any free (k,)); the original gives up at once
+    when the orientation does not fit or no pixel is free, and draws again (up to
+    PADDLE_TRIES) when the paddle's end or pivot falls off the image.
+    -> ok, tail (n, 2), angle, key, pivot."""
+    fits_for, pick = where
     L = p["paddle_length"]
-    lo, hi = _bounds(R, p, margin)
-    clear = _clearance(p, margin, spacing)
-    turns, weights = _turns(p, margin)
-    occ = _Occupancy(n, R, p["cells"], lo, hi, clear, reach=L)
+    tail, angle, pivot = np.zeros((n, 2), np.int64), np.zeros(n), np.zeros((n, 2), np.int64)
+    ok, todo = np.zeros(n, bool), np.arange(n)
+    for _ in range(PADDLE_TRIES):
+        if len(todo) == 0:
+            break
+        a = _random_degrees(rng, len(todo))
+        fits = fits_for(todo, sp.key(a))
+        todo, a = todo[fits], a[fits]
+        start, anywhere = pick(rng, todo, sp.key(a))
+        todo, a, start = todo[anywhere], a[anywhere], start[anywhere]
+        head = translate(start, a, L)
+        behind = translate(head, reverse(a), L + margin)
+        good = inside(head, R) & inside(behind, R)
+        tail[todo[good]], angle[todo[good]], pivot[todo[good]], ok[todo[good]] = start[good], a[good], behind[good], True
+        todo = todo[~good]
+    return ok, tail, angle, sp.key(angle), pivot
+
+
+def occupancy_seeds(sp, occupied, border_quirk):
+    """`where` of a distractor's seed: its images' occupancy (k, R, R) framed by one pixel,
+    dilated by the footprint of each orientation; with border_quirk only the orientations
+    whose footprint leaves no frame pixel seeing only OpenCV's -DBL_MAX border fit; none once
+    fewer than MIN_FREE_SHARE of the unframed pixels are free (stop_with_availability)."""
+    R = occupied.shape[-1]
+    room = (occupied <= FREE).sum((1, 2)) >= MIN_FREE_SHARE * R * R
+    framed = occupied.copy()
+    framed[:, [0, -1], :], framed[:, :, [0, -1]] = 1, 1
+    fits = lambda rows, keys: room[rows] & (sp.seed_ok[keys] | (not border_quirk))
+    return fits, lambda rng, rows, keys: _free_pixel(rng, _seed_free(sp, framed[rows], keys, border_quirk))
+
+
+_CENTRAL = {}
+
+
+def central_seeds(R, p, sp, margin, border_quirk):
+    """`where` of the first target's seed: the occupancy is the same for every image (a frame
+    of 2 seed_distance), so the free pixels of each orientation are listed once."""
+    key = (R, margin, border_quirk)
+    if key not in _CENTRAL:
+        central = np.maximum(_frame(R, p["padding"]), _frame(R, min(2 * p["seed_distance"], R // 2)))
+        keys = np.arange(len(sp.mask))
+        free = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
+        count = free.sum((1, 2))
+        listed = np.zeros((len(keys), max(count.max(), 1), 2), np.int64)
+        for k in keys:
+            listed[k, :count[k]] = np.argwhere(free[k])
+        _CENTRAL[key] = listed, count
+    listed, count = _CENTRAL[key]
+
+    def pick(rng, rows, keys):
+        j = np.floor(rng.random(len(keys)) * count[keys]).astype(np.int64)
+        return listed[keys, np.minimum(j, listed.shape[1] - 1)], count[keys] > 0
+    return lambda rows, keys: sp.seed_ok[keys] | (not border_quirk), pick
+
+
+# -----------------------------------------------------------------------------
+# the two targets (snakes2.two_snakes)
+
+
+def _frame(R, width):
+    grid = np.zeros((R, R))
+    grid[:width], grid[R - width:], grid[:, :width], grid[:, R - width:] = 1, 1, 1, 1
+    return grid
+
+
+def _grow_targets(rng, n, R, p, sp, length, margin, all_pairs, border_quirk):
+    """n attempts at once, one paddle of each target in turn. -> the finished pairs' padded
+    mask and image (k, P, P), paddles (k, 2, length, 3) as (y, x, sprite key), each target's
+    first paddle starting on its origin tip and its last one on its far tip."""
+    L, sd, h = p["paddle_length"], p["seed_distance"], sp.h
+    contrast = p["paddle_contrast"] * p["snake_contrast"]
+    ok, tail1, angle1, key1, pivot1 = seed(rng, p, sp, margin, R, n, central_seeds(R, p, sp, margin, border_quirk))
+    tail2, angle2, pivot2 = np.zeros((n, 2), np.int64), np.zeros(n), np.zeros((n, 2), np.int64)
+    placed, todo = np.zeros(n, bool), np.nonzero(ok)[0]
+    for _ in range(PADDLE_TRIES):  # the second seed: seed_distance from the first, any direction
+        a, where = _random_degrees(rng, len(todo)), rng.integers(0, 360, len(todo)) * np.pi / 180
+        start = np.round(tail1[todo] + sd * np.stack([np.sin(where), np.cos(where)], -1)).astype(np.int64)
+        head = translate(start, a, L)
+        behind = translate(head, reverse(a), L + margin)
+        good = inside(head, R) & inside(behind, R)
+        tail2[todo[good]], angle2[todo[good]], pivot2[todo[good]], placed[todo[good]] = start[good], a[good], behind[good], True
+        todo = todo[~good]
+    keep = np.nonzero(ok & placed)[0]  # canvases only for the seeded pairs
+    tail1, angle1, pivot1, tail2, angle2, pivot2 = (v[keep] for v in (tail1, angle1, pivot1, tail2, angle2, pivot2))
+    n = len(keep)
+    alive = np.ones(n, bool)
+    mask, image = np.zeros((n, R + 2 * h, R + 2 * h)), np.zeros((n, R + 2 * h, R + 2 * h))
+    mask[:, h:h + R, h:h + R] = _frame(R, p["padding"])
+    paddles = np.zeros((n, 2, length, 3), np.int64)
+    newest = [np.concatenate([tail1, sp.key(angle1)[:, None]], 1), np.concatenate([tail2, sp.key(angle2)[:, None]], 1)]
+    pivot, angle = [pivot1, pivot2], [angle1, angle2]
     rows = np.arange(n)
-    if all_pairs:
-        flat = targets.reshape(n, -1, 4)
-    else:  # the original's mask lacks the first target's last paddle
-        flat = np.concatenate([targets[:, 0, :-1], targets[:, 1]], 1)
-    occ.stamp(np.repeat(rows, flat.shape[1]), flat.reshape(-1, 4))
-    pixels = np.stack(np.meshgrid(np.arange(R), np.arange(R), indexing="xy"), -1).reshape(-1, 2).astype(float)
-    out = [[] for _ in range(n)]
+    for i in (0, 1):
+        paste(image, rows, *newest[i].T[:2], sp.line[newest[i][:, 2]] * contrast, R, h)
+        paddles[:, i, 0] = newest[i]
+    for s in range(1, length):
+        for i in (0, 1):
+            r = np.nonzero(alive)[0]
+            occupancy, at = mask, r
+            if all_pairs:  # the other target's newest paddle, which the original leaves out
+                occupancy, at = mask[r], np.arange(len(r))
+                paste(occupancy, at, *newest[1 - i][r].T[:2], sp.mask[newest[1 - i][r, 2]], R, h)
+            good, head, a, key, joint = extend(rng, p, sp, margin, R, occupancy, at, pivot[i][r], angle[i][r])
+            alive[r[~good]] = False
+            r, head, a, key, joint = r[good], head[good], a[good], key[good], joint[good]
+            paste(image, r, head[:, 0], head[:, 1], sp.line[key] * contrast, R, h)
+            paste(mask, r, *newest[i][r].T[:2], sp.mask[newest[i][r, 2]], R, h)  # the previous paddle joins the mask
+            newest[i][r] = np.concatenate([head, key[:, None]], 1)
+            pivot[i][r], angle[i][r] = joint, a
+            paddles[r, i, s] = newest[i][r]
+    last = [1, 0] if all_pairs else [1]  # the original adds only the second target's last paddle
+    for i in last:
+        r = np.nonzero(alive)[0]
+        paste(mask, r, *newest[i][r].T[:2], sp.mask[newest[i][r, 2]], R, h)
+    return mask[alive], image[alive], paddles[alive]
+
+
+def _target_pairs(rng, n, R, p, sp, length, margin, all_pairs, border_quirk):
+    """n finished pairs of targets, grown in bulk: most attempts fail (a contour runs into the
+    border or the other one, or the first seed's orientation is refused) and are drawn again,
+    as in the original. -> padded mask, image, paddles of the n pairs."""
+    found, have, tried = [], 0, 0
+    while have < n:
+        if tried > 5000 * (n + 50):
+            raise RuntimeError(f"PathFinder{R}: contours of length {length} hardly ever fit")
+        rate = (have + 1) / (tried + 20)  # running estimate of pairs per attempt
+        attempts = int(min(CANVAS_BYTES // (8 * (R + 2 * sp.h) ** 2), max(64, 1.3 * (n - have) / rate)))
+        pairs = _grow_targets(rng, attempts, R, p, sp, length, margin, all_pairs, border_quirk)
+        tried += attempts
+        found.append(pairs)
+        have += len(pairs[0])
+    return tuple(np.concatenate([f[i] for f in found])[:n] for i in range(3))
+
+
+# -----------------------------------------------------------------------------
+# distractors (snakes.make_many_snakes) and markers
+
+
+def _distractors(rng, p, sp, margin, R, mask, image, n_contours, length, border_quirk):
+    """Up to n_contours short contours per image, SNAKE_TRIES tries each, drawn into mask and
+    image (padded, in place); a contour that does not fit whole is left out.
+    -> per image a list of (length, 3) paddles as (y, x, sprite key)."""
+    h, contrast = sp.h, p["snake_contrast"]
+    out = [[] for _ in range(len(mask))]
     for _ in range(n_contours):
-        todo = rows.copy()
-        for _ in range(DISTRACTOR_TRIES):
+        todo = np.arange(len(mask))
+        for _ in range(SNAKE_TRIES):
             if len(todo) == 0:
                 break
-            k = len(todo)
-            # seed: an orientation, then a pixel drawn uniformly among those where that paddle is free
-            angle = rng.uniform(-np.pi, np.pi, k)
-            fits = occ.seed_free(todo, pixels, L * _unit(angle))
-            ok = fits.any(1)
-            pick = (np.cumsum(fits, 1) <= (rng.random(k) * fits.sum(1))[:, None]).sum(1).clip(max=R * R - 1)
-            s = _Contours(pixels[pick], angle, L, margin)
-            own = _Occupancy(k, R, p["cells"], lo, hi, clear)  # this distractor's own paddles, one step late
-            placed, pending, idx = [s.first.copy()], s.first.copy(), np.arange(k)
+            m, img, rows = mask[todo], image[todo], np.arange(len(todo))
+            free_for = occupancy_seeds(sp, m[:, h:h + R, h:h + R], border_quirk)
+            ok, tail, angle, key, pivot = seed(rng, p, sp, margin, R, len(todo), free_for)
+            paste(img, rows[ok], tail[ok, 0], tail[ok, 1], sp.line[key[ok]] * contrast, R, h)
+            newest = np.concatenate([tail, key[:, None]], 1)
+            drawn = [newest.copy()]
             for _ in range(length - 1):
                 r = np.nonzero(ok)[0]
-                cands, angles = s.candidates(turns, r)
-                free = occ.free(todo[r], cands) & own.free(r, cands)
-                ok[r] &= s.step(rng, r, cands, angles, free, weights)
-                r = np.nonzero(ok)[0]
-                own.stamp(idx[r], pending[r])
-                pending = s.last.copy()
-                placed.append(s.last.copy())
-            placed = np.stack(placed, 1)  # (k, length, 4)
-            done = np.nonzero(ok)[0]
-            occ.stamp(np.repeat(todo[done], length), placed[done].reshape(-1, 4))
-            for j in done:
-                out[todo[j]].append(placed[j])
+                good, head, a, k, joint = extend(rng, p, sp, margin, R, m, r, pivot[r], angle[r])
+                ok[r[~good]] = False
+                r, head, a, k, joint = r[good], head[good], a[good], k[good], joint[good]
+                paste(img, r, head[:, 0], head[:, 1], sp.line[k] * contrast, R, h)
+                paste(m, r, *newest[r].T[:2], sp.mask[newest[r, 2]], R, h)
+                newest[r] = np.concatenate([head, k[:, None]], 1)
+                pivot[r], angle[r] = joint, a
+                drawn.append(newest.copy())
+            r = np.nonzero(ok)[0]
+            paste(m, r, *newest[r].T[:2], sp.mask[newest[r, 2]], R, h)  # a finished contour's last paddle
+            mask[todo[r]], image[todo[r]] = m[r], img[r]
+            drawn = np.stack(drawn, 1)
+            for j in r:
+                out[todo[j]].append(drawn[j])
             todo = todo[~ok]
-    return [np.stack(o) if o else np.zeros((0, length, 4)) for o in out]
+    return out
 
 
-# -----------------------------------------------------------------------------
-# drawing
+def marker_layer(p, R, points):
+    """Discs of marker_radius around pixels points (n, 2, 2) as (y, x), drawn at antialias
+    scale centred on the pixel's top-left sub-pixel (snakes2.draw_circle) and shrunk.
+    -> (n, R, R) in [0, 1], the brighter of the two discs."""
+    aa, r = p["antialias"], p["marker_radius"]
+    yy, xx = np.mgrid[0:R * aa, 0:R * aa]
+    c = points[..., None, None] * aa
+    discs = ((yy - c[..., 0, :, :]) ** 2 + (xx - c[..., 1, :, :]) ** 2 <= (r * aa) ** 2).astype(np.uint8) * 255
+    return shrink(discs, R).max(1) / 255
 
 
-def render(R, p, paddles_per_image, markers):
-    """Anti-aliased drawing of a batch: coverage on an aa-times finer grid, averaged down.
-    Paddles (list of (k_i, 4)) at `contrast`, the markers (n, 2, 2) full white."""
-    aa, t, r = p["aa"], p["paddle_thickness"], p["marker_radius"]
-    n, H = len(paddles_per_image), R * aa
-
-    def cover(img, segs, radius):
-        fine = np.zeros((n, H, H), bool)
-        if len(img) == 0:
-            return fine
-        w = int(np.ceil((np.abs(segs[:, 2:] - segs[:, :2]).max() + 2 * radius) * aa)) + 2
-        corner = np.floor((np.minimum(segs[:, :2], segs[:, 2:]) - radius) * aa).astype(int)
-        off = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="xy"), -1).reshape(-1, 2)
-        cell = corner[:, None, :] + off[None]
-        centre = (cell + 0.5) / aa - 0.5  # fine cell centres in pixel coordinates (pixel i covers i-0.5..i+0.5)
-        on = (segment_distance(centre, segs[:, None, :]) <= radius) & (cell >= 0).all(-1) & (cell < H).all(-1)
-        k = np.broadcast_to(img[:, None], on.shape)[on]
-        c = cell[on]
-        fine[k, c[:, 1], c[:, 0]] = True
-        return fine
-
-    img = np.repeat(np.arange(n), [len(s) for s in paddles_per_image])
-    lines = cover(img, np.concatenate(paddles_per_image).reshape(-1, 4), t / 2)
-    dots = cover(np.repeat(np.arange(n), 2), np.concatenate([markers, markers], -1).reshape(-1, 4), r)
-    mean = lambda fine: fine.reshape(n, R, aa, R, aa).mean((2, 4))
-    image = np.maximum(mean(lines) * p["contrast"], mean(dots))
-    return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
+def finish(image, normalise=True):
+    """Float image(s) (n, R, R) -> uint8: divided by each image's own range (scipy.misc's
+    byte scaling in imsave), or, normalise=False, 1.0 = 255 and clipped."""
+    if not normalise:
+        return (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8)
+    lo, hi = image.min((1, 2), keepdims=True), image.max((1, 2), keepdims=True)
+    scale = 255 / np.where(hi > lo, hi - lo, 1)
+    return (np.clip((image - lo) * scale, 0, 255) + 0.5).astype(np.uint8)
 
 
 # -----------------------------------------------------------------------------
 # a batch of images
 
 
-def _target_pairs(rng, n, R, p, length, spacing, all_pairs):
-    """n finished pairs of targets, each image's margin drawn from p["margins"] as the original.
-    -> margins (n,), paddles (n, 2, length, 4)."""
-    choices = p["margins"]
-    margins = np.asarray(choices)[rng.integers(len(choices), size=n)] if len(choices) > 1 else np.full(n, choices[0])
-    targets = np.zeros((n, 2, length, 4))
-    for margin in np.unique(margins):
-        sel = np.nonzero(margins == margin)[0]
-        targets[sel] = _grow_targets(rng, len(sel), R, p, length, margin, spacing, all_pairs)
-    return margins, targets
+def segments(sp, p, paddles):
+    """Paddles (..., 3) as (y, x, sprite key) -> (..., 4) as x0 y0 x1 y1 in pixels: from
+    the pixel the paddle is drawn from to its end."""
+    d = sp.offset(paddles[..., 2]) / p["antialias"]
+    y, x = paddles[..., 0], paddles[..., 1]
+    return np.stack([x, y, x + d[..., 1], y + d[..., 0]], -1).astype(float)
 
 
-def _grow_targets(rng, n, R, p, length, margin, spacing, all_pairs):
-    """Grown in bulk: most attempts fail (a contour hits the border or the other one and is
-    drawn again, as in the original). -> paddles (n, 2, length, 4)."""
-    found, have, tried = [], 0, 0
-    while have < n:
-        if tried > 2000 * (n + 50):
-            raise RuntimeError(f"PathFinder{R}: contours of length {length} hardly ever fit")
-        rate = (have + 1) / (tried + 20)  # running estimate of pairs per attempt
-        attempts = int(min(4000, max(64, 1.3 * (n - have) / rate)))
-        alive, segs = _targets(rng, attempts, R, p, length, margin, spacing, all_pairs)
-        tried += attempts
-        found.append(segs[alive])
-        have += int(alive.sum())
-    return np.concatenate(found)[:n]
-
-
-def pathfinder_batch(rng, labels, resolution=32, contour_length=14, spacing=0.0, match_distance=False,
-                     all_pairs=True):
+def pathfinder_batch(rng, labels, resolution=32, contour_length=14, border_quirk=True, all_pairs=False,
+                     normalise=True, match_distance=False):
     """Images for the given labels (0 = markers on different contours, 1 = on one).
     -> uint8 images (n, R, R), info: a dict of the geometry per image,
-       markers (n, 2, 2) as x, y; margin (n,); paddles: list of (P_i, 4); contour: list of
-       (P_i,) contour ids (0 and 1 the targets, 2.. the distractors); marked (n, 2) the
-       contour ids under the two markers; distractors_asked; distractors_placed (n,)."""
+       markers (n, 2, 2) as x, y; margin (n,); paddles: list of (P_i, 4) as x0 y0 x1 y1, drawn
+       from (x0, y0); contour: list of (P_i,) contour ids (0 and 1 the targets, each from its
+       origin tip to its far tip, 2.. the distractors); marked (n, 2) the contour ids under
+       the two markers; distractors_asked; distractors_placed (n,)."""
     p = params(resolution)
+    R = resolution
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     n_contours, d_len = distractors_asked(contour_length, resolution)
-    if match_distance:
-        margins, targets, which = _distance_matched(rng, labels, resolution, p, contour_length, spacing, all_pairs)
-    else:
-        margins, targets = _target_pairs(rng, n, resolution, p, contour_length, spacing, all_pairs)
-        which = rng.integers(2, size=n)  # which target carries the origin marker
-    rows = np.arange(n)
-    other = np.where(labels == 1, which, 1 - which)
-    markers = np.stack([targets[rows, which, 0, :2], targets[rows, other, -1, 2:]], 1) if n else np.zeros((0, 2, 2))
-    images = np.zeros((n, resolution, resolution), np.uint8)
+    choices = p["margins"]
+    margins = np.asarray(choices)[rng.integers(len(choices), size=n)] if len(choices) > 1 else np.full(n, choices[0])
+    images = np.zeros((n, R, R), np.uint8)
+    markers, marked = np.zeros((n, 2, 2)), np.zeros((n, 2), np.int64)
     paddles, contour, placed = [None] * n, [None] * n, np.zeros(n, np.int64)
     for margin in np.unique(margins):
         sel = np.nonzero(margins == margin)[0]
-        extra = _distractors(rng, resolution, p, margin, targets[sel], n_contours, d_len, spacing, all_pairs)
-        for j, d in zip(sel, extra):
-            paddles[j] = np.concatenate([targets[j].reshape(-1, 4), d.reshape(-1, 4)])
+        sp = sprites(R, int(margin))
+        args = (R, p, sp, contour_length, int(margin), all_pairs, border_quirk)
+        if match_distance:
+            mask, image, targets, which = _distance_matched(rng, labels[sel], *args)
+        else:
+            mask, image, targets = _target_pairs(rng, len(sel), *args)
+            which = rng.integers(2, size=len(sel))  # which target carries the origin marker
+        rows = np.arange(len(sel))
+        other = np.where(labels[sel] == 1, which, 1 - which)
+        points = np.stack([targets[rows, which, 0, :2], targets[rows, other, -1, :2]], 1)  # (y, x)
+        extra = _distractors(rng, p, sp, int(margin), R, mask, image, n_contours, d_len, border_quirk)
+        h = sp.h
+        images[sel] = finish(np.maximum(image[:, h:h + R, h:h + R], marker_layer(p, R, points)), normalise)
+        markers[sel], marked[sel] = points[..., ::-1], np.stack([which, other], 1)
+        for j, t, d in zip(sel, targets, extra):
+            drawn = np.concatenate([t.reshape(-1, 3)] + d) if d else t.reshape(-1, 3)
+            paddles[j] = segments(sp, p, drawn)
             contour[j] = np.concatenate([np.repeat([0, 1], contour_length), np.repeat(np.arange(len(d)) + 2, d_len)])
             placed[j] = len(d)
-        images[sel] = render(resolution, p, [paddles[j] for j in sel], markers[sel])
-    info = dict(markers=markers, margin=margins, paddles=paddles, contour=contour,
-                marked=np.stack([which, other], 1), distractors_asked=n_contours, distractors_placed=placed)
+    info = dict(markers=markers.astype(float), margin=margins, paddles=paddles, contour=contour, marked=marked,
+                distractors_asked=n_contours, distractors_placed=placed)
     return images, info
 
 
-def _distance_matched(rng, labels, R, p, length, spacing, all_pairs):
+def _distance_matched(rng, labels, R, p, sp, length, margin, all_pairs, border_quirk):
     """Option match_distance: pairs of targets offered as a positive or a negative, kept so
     that both labels see the same distribution of marker distance (bins of R/32 px).
-    -> margins, targets, which (the target under the origin marker)."""
+    -> padded mask, image, paddles, which (the target under the origin marker)."""
     n_pos, n_neg = int((labels == 1).sum()), int((labels == 0).sum())
-    pool = dict(margins=[], targets=[], which=[], positive=[])
+    pool = []
     while True:
-        margins, targets = _target_pairs(rng, max(64, 2 * len(labels)), R, p, length, spacing, all_pairs)
+        mask, image, targets = _target_pairs(rng, max(64, 2 * len(labels)), R, p, sp, length, margin, all_pairs,
+                                             border_quirk)
         k = len(targets)
-        for key, value in zip(pool, (margins, targets, rng.integers(2, size=k), rng.integers(2, size=k))):
-            pool[key].append(value)
-        g = {key: np.concatenate(v) for key, v in pool.items()}
-        rows = np.arange(len(g["targets"]))
-        end = np.where(g["positive"] == 1, g["which"], 1 - g["which"])
-        dist = np.linalg.norm(g["targets"][rows, g["which"], 0, :2] - g["targets"][rows, end, -1, 2:], axis=1)
+        pool.append((mask, image, targets, rng.integers(2, size=k), rng.integers(2, size=k)))
+        g = [np.concatenate([q[i] for q in pool]) for i in range(5)]
+        targets, which, positive = g[2], g[3], g[4]
+        rows = np.arange(len(targets))
+        end = np.where(positive == 1, which, 1 - which)
+        dist = np.linalg.norm(targets[rows, which, 0, :2] - targets[rows, end, -1, :2], axis=1)
         bins = np.floor(dist / (R / 32)).astype(int)
         pos_idx, neg_idx = [], []
         for b in np.unique(bins):
-            pos = np.nonzero((bins == b) & (g["positive"] == 1))[0]
-            neg = np.nonzero((bins == b) & (g["positive"] == 0))[0]
+            pos = np.nonzero((bins == b) & (positive == 1))[0]
+            neg = np.nonzero((bins == b) & (positive == 0))[0]
             m = min(len(pos), len(neg))
             pos_idx.append(pos[:m]), neg_idx.append(neg[:m])
         pairs = np.stack([np.concatenate(pos_idx), np.concatenate(neg_idx)], 1)
@@ -444,7 +638,7 @@ def _distance_matched(rng, labels, R, p, length, spacing, all_pairs):
     pairs = pairs[rng.permutation(len(pairs))]
     chosen = np.empty(len(labels), np.int64)
     chosen[labels == 1], chosen[labels == 0] = pairs[:n_pos, 0], pairs[:n_neg, 1]
-    return g["margins"][chosen], g["targets"][chosen], g["which"][chosen]
+    return g[0][chosen], g[1][chosen], g[2][chosen], g[3][chosen]
 
 
 def generate(n, seed=0, contour_length=14, resolution=32, chunk=250, **options):
