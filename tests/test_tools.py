@@ -68,3 +68,56 @@ def test_gpu_script_smoke_runs_every_arm_on_the_cpu(tmp_path):
     assert len((tmp_path / "out" / "commands.txt").read_text().splitlines()) == 4
     again = gpu.main(["--smoke=True", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"])
     assert again.split("wall time")[0] == out.split("wall time")[0]   # finished runs are not run again
+
+
+def experiments(*args, **env):
+    import os
+    import subprocess
+    result = subprocess.run(["bash", "tools/amos_experiments.sh", *args], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, **{k: str(v) for k, v in env.items()}})
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_experiment_script_lists_every_run_of_each_experiment():
+    rc, out, _ = experiments("synthetic", DRY=1)
+    runs = out.strip().splitlines()
+    assert rc == 0 and len(runs) == 18 and all("--task=synthetic --init=amos" in r for r in runs)
+    assert sum("--init_params=qk" in r for r in runs) == 3 and sum("--freeze=attn" in r for r in runs) == 3
+    rc, out, _ = experiments("plateau", DRY=1)
+    assert rc == 0 and len(out.splitlines()) == 4 and all("--pretrain_schedule=constant" in r for r in out.splitlines())
+    rc, out, _ = experiments("depth2", "torch", DRY=1)
+    runs = out.strip().splitlines()
+    assert rc == 0 and len(runs) == 8 and all("--depth=2 --init=torch" in r for r in runs)
+    assert sum("--epochs=12+K" in r for r in runs) == 2                  # compute-matched: 12 + SPT epochs
+    rc, _, err = experiments("nothing")
+    assert rc == 2 and "usage" in err
+
+
+@pytest.mark.slow
+def test_experiment_script_runs_the_plateau_experiment_small_and_skips_it_the_second_time(tmp_path):
+    tiny = (f"--n_generate=100 --data_dir={tmp_path / 'data'} --n_train=32 --n_eval=16 --batch_size=8 "
+            "--n_embd=32 --n_head=2 --pretrain_epochs=2 --save_epochs=1,2 --log_every=1")
+    rc, out, err = experiments("plateau", OUT=tmp_path / "out", EXTRA=tiny)
+    assert rc == 0, err
+    assert out.count("done: ") == 4 and "FAILED" not in out
+    table = (tmp_path / "out" / "plateau" / "plateau.md").read_text()
+    assert table.count("| 2 | 8 |") == 4                                  # epoch 2 = step 8, in each run
+    assert (tmp_path / "out" / "plateau" / "amos_s0" / "command.txt").read_text().count("--init=amos") == 1
+    rc, out, _ = experiments("plateau", OUT=tmp_path / "out", EXTRA=tiny)
+    assert rc == 0 and out.count("finished already") == 4
+
+
+def test_plateau_report_finds_the_first_spt_epoch_below_the_threshold(tmp_path, capsys):
+    import json
+    from tools import spt_plateau
+    losses = [0.80, 0.78, 0.69, 0.71, 0.60]
+    with open(tmp_path / "log.jsonl", "w") as f:
+        for e, loss in enumerate(losses, 1):
+            f.write(json.dumps(dict(phase="spt", step=250 * e, epoch=e, val_loss=loss)) + "\n")
+        f.write(json.dumps(dict(phase="finetune", step=250, epoch=1, val_loss=0.3, val_acc=0.9)) + "\n")
+    assert spt_plateau.main([f"--runs={tmp_path}", "--epoch_only=True"]) == 3
+    assert spt_plateau.main([f"--runs={tmp_path}", "--epoch_only=True", "--threshold=0.5"]) == 5   # never: the last
+    out = spt_plateau.main([f"--runs={tmp_path}"])
+    assert "below 0.7 after epoch 3 (step 750, 0.6900)" in out and "| 4 | 1000 | 0.7100 | - |" in out
+    with pytest.raises(FileNotFoundError, match="log.jsonl does not exist"):
+        spt_plateau.main([f"--runs={tmp_path / 'nowhere'}"])
