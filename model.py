@@ -261,9 +261,10 @@ class Transformer(nn.Module):
     # starts random, not uniform. With init="gpt2" (std 0.02) the scores have std ~0.03 and
     # attention starts uniform, the premise of the paper's zero-gradient argument.
     # With init="amos" (Amos et al.'s code) W_Q = W_K, so per head the score of query i and
-    # key j is q_i . q_j / sqrt(d_head), a positive semi-definite form: each position scores
-    # itself and the positions with similar inputs (its neighbours, through the sinusoidal
-    # encoding) highest. Attention starts local, not uniform (tools/attention_at_init.py).
+    # key j is q_i . q_j / sqrt(d_head), a positive semi-definite form: a query scores itself
+    # |q_i|^2 >= 0 and positions with inputs like its own (its neighbours, through the
+    # sinusoidal encoding) above the rest. Attention starts local, not uniform: 1.3-3x the
+    # uniform mass on itself and its neighbours (tools/attention_at_init.py).
 
     def _init_gpt2(self, module):
         if isinstance(module, nn.Linear):

@@ -81,7 +81,7 @@ def phase_cap_hours(cfg, elapsed_s):
     if left < 60:
         raise ValueError(f"--minutes={cfg['minutes']} leaves {left:.0f} s for training after the data "
                          f"({elapsed_s:.0f} s) and start-up; give more minutes")
-    return 0.4 * left / 3600
+    return 0.35 * left / 3600
 
 
 def launch(cfg, cap_hours):
