@@ -387,7 +387,7 @@ REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain
 
 
 SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "epochs", "init_params",
-              "freeze")
+              "freeze", "pixel_encoder")
 SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
 
 
@@ -409,16 +409,26 @@ def seed_table(runs):
     return "\n".join(lines)
 
 
+def run_summary(out_dir):
+    """A run's summary.json, with the flags it does not record (pixel_encoder, ...) taken
+    from its config.json."""
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        summary = json.load(f)
+    config_path = os.path.join(out_dir, "config.json")
+    if not os.path.exists(config_path):
+        return summary
+    with open(config_path) as f:
+        config = json.load(f)
+    return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
+
+
 def report(dirs):
     paths = []
     for d in dirs.split(","):
         paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
     if not paths:
         raise FileNotFoundError(f"no summary.json under {dirs}")
-    runs = []
-    for p in paths:
-        with open(p) as f:
-            runs.append((os.path.dirname(p), json.load(f)))
+    runs = [(os.path.dirname(p), run_summary(os.path.dirname(p))) for p in paths]
     done = {d for d, _ in runs}
     unfinished = sorted({os.path.dirname(p) for d in dirs.split(",")
                          for p in glob.glob(os.path.join(d, "**", "log.jsonl"), recursive=True)} - done)

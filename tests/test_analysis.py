@@ -136,3 +136,17 @@ def test_attention_at_init_reads_the_grid_neighbourhood_of_images():
     stats = analysis.attention_at_init(config, image, seeds=(0, 1), image_side=side)
     assert set(stats) == {"self", "near", "grid", "score_std"} and all(len(v) == 2 for v in stats.values())
     assert min(stats["grid"]) > 1.0                                  # tied: local on the grid too
+
+
+def test_report_keeps_runs_apart_that_differ_only_in_the_pixel_encoder(tmp_path):
+    import json
+    summary = dict(task="pathfinder", depth=1, init="amos", pos_enc="sinusoidal", pretrain_task="pathfinder",
+                   pretrain_epochs=0, epochs=1, init_params="all", freeze="none", init_from="",
+                   best_val_acc=0.5, test_acc=0.5)
+    for name, encoder in (("a", "linear"), ("b", "token")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        (tmp_path / name / "config.json").write_text(json.dumps(dict(summary, pixel_encoder=encoder, seed=0)))
+    runs = [(name, analysis.run_summary(tmp_path / name)) for name in ("a", "b")]
+    rows = analysis.seed_table(runs).splitlines()[2:]
+    assert len(rows) == 2 and "| linear |" in rows[0] and "| token |" in rows[1]
