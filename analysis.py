@@ -19,6 +19,8 @@ work on any attention maps, ours or someone else's:
   toeplitz_stats      how much of a score matrix is a function of i - j alone, and
                       the near-minus-far contrast of that profile
   attention_report    all of the above for one model and its maps, as plain numbers
+  attention_at_init   how local a freshly initialised model's attention is, per seed,
+                      as multiples of uniform attention (init torch, gpt2, amos)
   plot_attention, plot_proximity, plot_evolution   the figures
   report, seed_table, plot_curves, plot_val_accuracy   tables and figures gathered
                       from run folders (train_spt.py --report=DIR,...): one row per
@@ -157,6 +159,30 @@ def attention_report(model, maps, pad_mask=None, image_side=None):
         out["toeplitz"] = sum(s for s, _ in stats) / len(stats)
         out["near_far"] = sum(n for _, n in stats) / len(stats)
     return out, scores
+
+
+@torch.no_grad()
+def attention_at_init(config, tokens, seeds=(0, 1, 2), pad_mask=None, image_side=None, width=2, layer=0):
+    """The attention of a fresh Transformer(config) on `tokens`, one model per seed
+    (torch.manual_seed(seed) before building it). -> {stat: [one value per seed]}:
+    "self" the mass on the query itself, "near" within |i-j| <= width, "grid" (with
+    image_side) within the 3x3 grid neighbourhood, each divided by what uniform attention
+    over the real keys gives (1.0 = no locality); "score_std" the spread of the scores."""
+    out = {}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        _, maps = Transformer(config).eval()(tokens, pad_mask, return_attn=True)
+        maps = [maps[layer].float()]
+        mass = proximity_mass(maps, pad_mask, widths=(0, width))
+        ratios = {"self": mass["layers"][0][0] / mass["uniform"][0],
+                  "near": mass["layers"][0][1] / mass["uniform"][1]}
+        if image_side:
+            grid = proximity_mass_2d(maps, image_side, radii=(1,))
+            ratios["grid"] = grid["layers"][0][0] / grid["uniform"][0]
+        ratios["score_std"] = score_spread(maps, pad_mask)["score_std"][0]
+        for k, v in ratios.items():
+            out.setdefault(k, []).append(v)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -361,7 +387,7 @@ REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain
 
 
 SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "epochs", "init_params",
-              "freeze")
+              "freeze", "pixel_encoder")
 SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
 
 
@@ -383,16 +409,26 @@ def seed_table(runs):
     return "\n".join(lines)
 
 
+def run_summary(out_dir):
+    """A run's summary.json, with the flags it does not record (pixel_encoder, ...) taken
+    from its config.json."""
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        summary = json.load(f)
+    config_path = os.path.join(out_dir, "config.json")
+    if not os.path.exists(config_path):
+        return summary
+    with open(config_path) as f:
+        config = json.load(f)
+    return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
+
+
 def report(dirs):
     paths = []
     for d in dirs.split(","):
         paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
     if not paths:
         raise FileNotFoundError(f"no summary.json under {dirs}")
-    runs = []
-    for p in paths:
-        with open(p) as f:
-            runs.append((os.path.dirname(p), json.load(f)))
+    runs = [(os.path.dirname(p), run_summary(os.path.dirname(p))) for p in paths]
     done = {d for d, _ in runs}
     unfinished = sorted({os.path.dirname(p) for d in dirs.split(",")
                          for p in glob.glob(os.path.join(d, "**", "log.jsonl"), recursive=True)} - done)

@@ -7,8 +7,11 @@ Read top to bottom:
   TransformerConfig    every size and choice of the model, one dataclass
   positional encodings sinusoidal (additive, the paper's default), learned,
                        RoPE, ALiBi, none
+  pixel_features       Amos et al.'s pixel input: grey value in [-1, 1] and a
+                       mask-indicator channel, for the linear pixel encoder
   SelfAttention        W_Q, W_K, W_V, W_O as separately named projections, so an
-                       ablation can pick "the query-key weights" by name
+                       ablation can pick "the query-key weights" by name; with
+                       init="amos" the four start as copies of one layer
   MLP, Block           pre-LayerNorm residual block
   Transformer          embeddings -> blocks -> final norm, then two heads:
                        classify() (pooled -> class logits) and
@@ -27,6 +30,7 @@ attention maps; both paths compute the same function.
 This file imports only torch, so it can be copied into another project alone.
 """
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -36,7 +40,8 @@ import torch.nn.functional as F
 
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "alibi", "none")
 POOLINGS = ("mean", "max", "last", "cls")
-INITS = ("torch", "gpt2")
+INITS = ("torch", "gpt2", "amos")
+PIXEL_ENCODERS = ("token", "linear")
 
 
 @dataclass
@@ -52,14 +57,25 @@ class TransformerConfig:
     pos_enc: str = "sinusoidal"
     pool: str = "mean"
     pair: bool = False         # two-document input (LRA Retrieval): head sees [u, v, u*v, u-v]
-    init: str = "torch"        # torch: PyTorch's default layer init (Amos et al.'s code);
-                               # gpt2: N(0, 0.02), output projections scaled by depth
+    init: str = "torch"        # torch: PyTorch's default layer init; gpt2: N(0, 0.02), output
+                               # projections scaled by depth; amos: PyTorch's defaults with
+                               # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code)
+    pixel_encoder: str = "token"   # token: one nn.Embedding row per id; linear: Amos et al.'s
+                                   # nn.Linear(2, n_embd) on [grey value in [-1, 1], is-masked]
+    pixel_levels: int = 256    # linear: ids 0..pixel_levels-1 are grey levels, the SPT targets
+    mask_id: int = 257         # linear: the [MASK] id, read as the mask-indicator channel
 
     def __post_init__(self):
         if self.init not in INITS:
             raise ValueError(f"init={self.init!r} is unknown; choose one of {INITS}")
         if self.pos_enc not in POS_ENCODINGS:
             raise ValueError(f"pos_enc={self.pos_enc!r} is unknown; choose one of {POS_ENCODINGS}")
+        if self.pixel_encoder not in PIXEL_ENCODERS:
+            raise ValueError(f"pixel_encoder={self.pixel_encoder!r} is unknown; choose one of {PIXEL_ENCODERS}")
+        if self.pixel_encoder == "linear" and not 2 <= self.pixel_levels <= self.mask_id < self.vocab_size:
+            raise ValueError(f"pixel_encoder='linear' reads ids 0..pixel_levels-1 as grey levels and mask_id "
+                             f"as [MASK]: it needs 2 <= pixel_levels <= mask_id < vocab_size, got pixel_levels="
+                             f"{self.pixel_levels}, mask_id={self.mask_id}, vocab_size={self.vocab_size}")
         if self.pool not in POOLINGS:
             raise ValueError(f"pool={self.pool!r} is unknown; choose one of {POOLINGS}")
         if self.n_embd % self.n_head != 0:
@@ -68,7 +84,8 @@ class TransformerConfig:
         if self.pos_enc == "rope" and (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"pos_enc='rope' needs an even head size, got n_embd/n_head="
                              f"{self.n_embd // self.n_head}")
-        for name in ("vocab_size", "n_classes", "max_len", "n_layer", "n_head", "n_embd", "ffn_mult"):
+        for name in ("vocab_size", "n_classes", "max_len", "n_layer", "n_head", "n_embd", "ffn_mult",
+                     "pixel_levels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
 
@@ -110,6 +127,19 @@ def alibi_bias(n_pos, n_head):
 
 
 # -----------------------------------------------------------------------------
+# Pixel inputs, as Amos et al. feed them (src/dataloaders/lra.py, PathFinderLMDataset)
+
+def pixel_features(idx, levels=256, mask_id=257):
+    """(B, T) ids -> (B, T, 2): [v * (1 - m), m], v = 2 g / (levels - 1) - 1 the grey level g
+    in [-1, 1] (torchvision's ToTensor then Normalize(0.5, 0.5)), m = 1 at a masked pixel.
+    A masked pixel reads [0, 1] whatever was under it; any other id (padding) [0, 0]."""
+    masked = idx == mask_id
+    grey = idx.float() * (2.0 / (levels - 1)) - 1.0
+    value = torch.where(idx < levels, grey, torch.zeros_like(grey))
+    return torch.stack([value, masked.float()], dim=-1)
+
+
+# -----------------------------------------------------------------------------
 # The blocks
 
 class SelfAttention(nn.Module):
@@ -121,10 +151,11 @@ class SelfAttention(nn.Module):
         super().__init__()
         d = config.n_embd
         self.n_head, self.head_dim = config.n_head, d // config.n_head
-        self.W_Q = nn.Linear(d, d)
-        self.W_K = nn.Linear(d, d)
-        self.W_V = nn.Linear(d, d)
-        self.W_O = nn.Linear(d, d)
+        if config.init == "amos":   # Amos et al.'s mhfa: clones(nn.Linear(d, d), 4), four deep
+            one = nn.Linear(d, d)   # copies of one layer (weights and biases), never re-drawn
+            self.W_Q, self.W_K, self.W_V, self.W_O = (copy.deepcopy(one) for _ in range(4))
+        else:
+            self.W_Q, self.W_K, self.W_V, self.W_O = (nn.Linear(d, d) for _ in range(4))
         self.dropout = config.dropout
         self.resid_drop = nn.Dropout(config.dropout)
 
@@ -191,7 +222,10 @@ class Transformer(nn.Module):
         self.config = config
         c = config
         n_pos = c.max_len + (1 if c.pool == "cls" else 0)
-        self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
+        if c.pixel_encoder == "linear":   # Amos et al.'s `encoder: linear`
+            self.pix_emb = nn.Linear(2, c.n_embd)
+        else:
+            self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         if c.pos_enc == "learned":
             self.pos_emb = nn.Embedding(n_pos, c.n_embd)
         if c.pos_enc == "sinusoidal":
@@ -212,17 +246,25 @@ class Transformer(nn.Module):
                                       nn.Linear(c.n_embd, c.n_classes))
         else:
             self.head = nn.Linear(c.n_embd, c.n_classes)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size)   # masked-token reconstruction
-        if c.init == "gpt2":          # "torch" keeps the layers' own defaults, untouched
+        # masked-token reconstruction: every id, or (linear pixels) the grey levels, 256-way as theirs
+        self.lm_head = nn.Linear(c.n_embd, c.pixel_levels if c.pixel_encoder == "linear" else c.vocab_size)
+        if c.init == "gpt2":          # "torch" and "amos" keep the layers' own defaults
             self.apply(self._init_gpt2)
             for name, p in self.named_parameters():   # nanoGPT: scale residual projections by depth
                 if name.endswith(("attn.W_O.weight", "mlp.proj.weight")):
                     nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layer))
+            if c.pixel_encoder == "linear":           # the pixel encoder is the embedding here
+                nn.init.normal_(self.pix_emb.weight, std=1 / math.sqrt(2))
 
     # PyTorch's defaults (init="torch"): nn.Linear weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
     # nn.Embedding N(0, 1). Attention scores q.k/sqrt(d_head) then have std ~0.3: attention
     # starts random, not uniform. With init="gpt2" (std 0.02) the scores have std ~0.03 and
     # attention starts uniform, the premise of the paper's zero-gradient argument.
+    # With init="amos" (Amos et al.'s code) W_Q = W_K, so per head the score of query i and
+    # key j is q_i . q_j / sqrt(d_head), a positive semi-definite form: a query scores itself
+    # |q_i|^2 >= 0 and positions with inputs like its own (its neighbours, through the
+    # sinusoidal encoding) above the rest. Attention starts local, not uniform: 1.3-3x the
+    # uniform mass on itself and its neighbours (tools/attention_at_init.py).
 
     def _init_gpt2(self, module):
         if isinstance(module, nn.Linear):
@@ -257,8 +299,13 @@ class Transformer(nn.Module):
     # --- the encoder
 
     def embed(self, idx):
-        """Token embeddings plus the additive positional encoding (sinusoidal or learned)."""
-        x = self.tok_emb(idx)
+        """Token embeddings (or the linear pixel encoding) plus the additive positional
+        encoding (sinusoidal or learned)."""
+        c = self.config
+        if c.pixel_encoder == "linear":
+            x = self.pix_emb(pixel_features(idx, c.pixel_levels, c.mask_id).to(self.pix_emb.weight.dtype))
+        else:
+            x = self.tok_emb(idx)
         if self.config.pool == "cls":   # prepend a learned [CLS] vector at position 0
             x = torch.cat([self.cls_token.expand(x.size(0), 1, -1), x], dim=1)
         T = x.size(1)
@@ -273,7 +320,7 @@ class Transformer(nn.Module):
         keys, and -inf above the diagonal for a causal (next-token) objective."""
         bias = self.alibi[:, :T, :T].to(dtype)[None] if self.config.pos_enc == "alibi" else None
         if causal:
-            future = torch.ones(T, T, dtype=torch.bool, device=self.tok_emb.weight.device).triu(1)
+            future = torch.ones(T, T, dtype=torch.bool, device=self.lm_head.weight.device).triu(1)
             future = torch.zeros(T, T, dtype=dtype, device=future.device).masked_fill(future, float("-inf"))
             bias = future if bias is None else bias + future
         if pad_mask is not None:
@@ -340,8 +387,9 @@ class Transformer(nn.Module):
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
     def reconstruct(self, idx, pad_mask=None, causal=False):
-        """Token logits (B, T, vocab_size) at every position: the masked-token
-        reconstruction head of self-pretraining (the loss reads the masked ones).
+        """Token logits (B, T, vocab_size; pixel_levels with the linear pixel encoder) at
+        every position: the masked-token reconstruction head of self-pretraining (the
+        loss reads the masked ones).
         causal=True: position t sees only tokens <= t (next-token SPT)."""
         return self.lm_head(self.forward(idx, pad_mask, causal=causal))
 
@@ -369,7 +417,7 @@ PARAM_GROUPS = {
     "qkv": ("attn.W_Q.", "attn.W_K.", "attn.W_V."),
     "attn": ("attn.W_Q.", "attn.W_K.", "attn.W_V.", "attn.W_O."),
     "mlp": (".mlp.",),
-    "emb": ("tok_emb.", "pos_emb.", "cls_token"),
+    "emb": ("tok_emb.", "pix_emb.", "pos_emb.", "cls_token"),
     "norm": (".ln_1.", ".ln_2.", "ln_f."),
     "head": ("head.", "lm_head."),
 }

@@ -52,10 +52,18 @@ with the seed), as mean, std and min..max:
           at W_Q = W_K = 0: the supervised projection is small but not zero;
           the ratio reconstruction / supervised.
   part 3  the full model at its real initialisation, init="torch" (PyTorch's
-          layer defaults, Amos et al.'s code) and init="gpt2" (N(0, 0.02)): one
-          gradient step on W_Q, W_K (weights and biases), the first-order change
-          of the scores dS, row-centred (a constant added to a row moves no
-          attention), projected on P; next to a random step's projection.
+          layer defaults), init="gpt2" (N(0, 0.02)) and init="amos" (PyTorch's
+          with W_Q = W_K = W_V = W_O, Amos et al.'s code): one gradient step on
+          W_Q, W_K (weights and biases), the first-order change of the scores dS,
+          row-centred (a constant added to a row moves no attention), projected
+          on P; next to a random step's projection.
+  part 4  the abstraction of part 1 at each init's own scores S instead of S = 0:
+          where attention is not uniform (amos: local from the start, since
+          W_Q = W_K makes every head's scores q_i . q_j / sqrt(d_head)),
+              dL/dS_ij = A_ij (c_ij - sum_k A_ik c_ik),  c_ij = <dL/do_i, v_j>,
+          and the rows of A differ, so the supervised gradient's rows differ
+          too and its projection on P is no longer zero: how large, against
+          reconstruction's, and in which direction, seed by seed.
 cos = <G, P> / (|G| |P|). A row-centred random T x T matrix has
 E|cos| = sqrt(2 / (pi T (T-1))) (0.0080 at T = 100): the chance level.
 Exit status 1 if part 1 fails.
@@ -77,7 +85,7 @@ WIDTHS = (1, 2, 5, 10)   # part 1 is checked at every width; the table shows --w
 MASK_RATIO = 0.15
 ZERO_TOL = 1e-10         # part 1: |cos(supervised dL/dS, P)| must stay below this
 NONZERO_TOL = 1e-3       # part 1: mean |cos(reconstruction dL/dS, P)| must exceed this
-INITS = ("torch", "gpt2")
+INITS = ("torch", "gpt2", "amos")
 
 
 def centred_proximity(T, width):
@@ -112,7 +120,22 @@ def build_model(vocab_size, T, seed, init, uniform):
 
 
 # -----------------------------------------------------------------------------
-# Parts 1 and 2: dL/dS at S = 0
+# Parts 1, 2 and 4: dL/dS at the layer's own scores (S = 0 when W_Q = W_K = 0)
+
+def queries_keys(model, tokens):
+    """h = ln_1(x) and the layer's Q = h W_Q^T + b_Q, K = h W_K^T + b_K, per head (no gradient)."""
+    block, attn = model.blocks[0], model.blocks[0].attn
+    with torch.no_grad():
+        h = block.ln_1(model.embed(tokens))
+        return h, attn.split_heads(attn.W_Q(h)), attn.split_heads(attn.W_K(h))
+
+
+def own_scores(model, tokens):
+    """The layer's scores S = Q K^T / sqrt(d_head), as a leaf we can differentiate by.
+    Exactly 0 when W_Q = W_K = 0 (biases too), so A_ij = 1/T."""
+    _, Q, K = queries_keys(model, tokens)
+    return (Q @ K.transpose(-2, -1) / math.sqrt(model.blocks[0].attn.head_dim)).requires_grad_()
+
 
 def outputs_from_scores(model, idx, S, full):
     """Run layer 0 with the scores S given as a tensor we can differentiate.
@@ -132,16 +155,16 @@ def outputs_from_scores(model, idx, S, full):
 
 
 def score_gradients(model, tokens, labels, masked, mask_id, full):
-    """dL/dS at S = 0 for the supervised loss and for the masked-reconstruction loss."""
-    B, T = tokens.shape
-    H = model.config.n_head
-
-    S = torch.zeros(B, H, T, T, dtype=torch.float64, requires_grad=True)
+    """dL/dS at the layer's own scores (each loss's own input: the masked one for
+    reconstruction) for the supervised loss and for the masked-reconstruction loss.
+    With W_Q = W_K = 0 that is S = 0, uniform attention."""
+    S = own_scores(model, tokens)
     logits = model.head(outputs_from_scores(model, tokens, S, full).mean(1))   # mean pool, linear head
     (g_sup,) = torch.autograd.grad(F.cross_entropy(logits, labels), S)
 
-    S = torch.zeros(B, H, T, T, dtype=torch.float64, requires_grad=True)
-    h = outputs_from_scores(model, tokens.masked_fill(masked, mask_id), S, full)
+    hidden = tokens.masked_fill(masked, mask_id)
+    S = own_scores(model, hidden)
+    h = outputs_from_scores(model, hidden, S, full)
     loss = F.cross_entropy(model.lm_head(h)[masked], tokens[masked])          # read at masked i
     (g_rec,) = torch.autograd.grad(loss, S)
     return g_sup, g_rec
@@ -179,11 +202,10 @@ def score_change(model, tokens, step):
     K = h W_K^T + b_K, h = ln_1(x), for the step (dW_Q, db_Q, dW_K, db_K):
         dS = (dQ K^T + Q dK^T) / sqrt(d_head)   (exact: S is bilinear in Q, K),
     row-centred, since a constant added to a row of S changes no attention."""
-    block, attn = model.blocks[0], model.blocks[0].attn
+    attn = model.blocks[0].attn
     dWq, dbq, dWk, dbk = step
+    h, Q, K = queries_keys(model, tokens)
     with torch.no_grad():
-        h = block.ln_1(model.embed(tokens))
-        Q, K = attn.split_heads(attn.W_Q(h)), attn.split_heads(attn.W_K(h))
         dQ, dK = attn.split_heads(h @ dWq.T + dbq), attn.split_heads(h @ dWk.T + dbk)
         dS = (dQ @ K.transpose(-2, -1) + Q @ dK.transpose(-2, -1)) / math.sqrt(attn.head_dim)
     return dS - dS.mean(-1, keepdim=True)
@@ -194,12 +216,13 @@ def score_change(model, tokens, step):
 
 def measure(tokens, data, seed, n_batches, batch_size, width, init):
     """A dict name -> number for one seed on one data source (walks or i.i.d. tokens).
-    Parts 1 and 2 use a model made with `init`, then W_Q = W_K = 0; part 3 both inits."""
+    Parts 1 and 2 use a model made with `init`, then W_Q = W_K = 0; parts 3 and 4 every init."""
     T = data.max_len
     P = centred_proximity(T, width)
     uniform = build_model(data.vocab_size, T, seed, init, uniform=True)
     real = {name: build_model(data.vocab_size, T, seed, name, uniform=False) for name in INITS}
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)                  # the masks, and apart from them the
+    g_step = torch.Generator().manual_seed(20_000 + seed)    # random steps (one init more moves no mask)
     out = {}
     add = lambda k, v: out.setdefault(k, []).append(float(v))
     for b in range(n_batches):
@@ -223,7 +246,7 @@ def measure(tokens, data, seed, n_batches, batch_size, width, init):
 
         for name, model in real.items():                                             # part 3
             gs, gr = qk_gradients(model, x, y, masked, data.mask_id)
-            rand = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in qk_params(model)]
+            rand = [torch.randn(p.shape, generator=g_step, dtype=p.dtype) for p in qk_params(model)]
             c_sup = cosine(score_change(model, x, [-t for t in gs]), P)
             c_rec = cosine(score_change(model, x, [-t for t in gr]), P)
             add(f"{name}_sup", c_sup.abs().mean())
@@ -231,9 +254,18 @@ def measure(tokens, data, seed, n_batches, batch_size, width, init):
             add(f"{name}_rand", cosine(score_change(model, x, rand), P).abs().mean())
             add(f"{name}_sup_descent", c_sup.mean())                # > 0: the step adds proximity
             add(f"{name}_rec_descent", c_rec.mean())
+
+            s4, r4 = score_gradients(model, x, y, masked, data.mask_id, full=False)  # part 4
+            add(f"{name}_S_rows", rows_identical(s4))
+            add(f"{name}_S_sup", cosine(s4, P).abs().mean())
+            add(f"{name}_S_rec", cosine(r4, P).abs().mean())
+            add(f"{name}_S_sup_descent", -cosine(s4.mean((0, 1)), P))  # > 0: descent adds proximity
+            add(f"{name}_S_rec_descent", -cosine(r4.mean((0, 1)), P))
     worst = {"p1_sup_max": max, "p1_rows": max, "saddle": max, "p1_rec_min": min}
     out = {k: worst[k](v) if k in worst else sum(v) / len(v) for k, v in out.items()}
     out["p2_ratio"] = out["p2_rec"] / out["p2_sup"]
+    for name in INITS:
+        out[f"{name}_S_ratio"] = out[f"{name}_S_rec"] / out[f"{name}_S_sup"]
     return out
 
 
@@ -269,8 +301,18 @@ for _init in INITS:
         (f"{_init}_sup_descent", "3   supervised signed cos, mean over examples (> 0: towards neighbours)"),
         (f"{_init}_rec_descent", "3   reconstruction signed cos, mean over examples (> 0: towards neighbours)"),
     ]
+for _init in INITS:
+    ROWS += [
+        (f"{_init}_S_rows", f"4 abstraction at init {_init}'s own scores: rows of supervised dL/dS differ by"),
+        (f"{_init}_S_sup", "4   supervised mean abs cos per example, head"),
+        (f"{_init}_S_rec", "4   reconstruction mean abs cos"),
+        (f"{_init}_S_ratio", "4   ratio reconstruction / supervised"),
+        (f"{_init}_S_sup_descent", "4   supervised descent cos, batch-averaged (> 0: towards neighbours)"),
+        (f"{_init}_S_rec_descent", "4   reconstruction descent cos, batch-averaged (> 0: towards neighbours)"),
+    ]
 SIGNED = [k for k, _ in ROWS if k.endswith("descent")]          # directions
-LOCAL = ["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS]      # walks vs the i.i.d. control
+LOCAL = (["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS]      # walks vs the i.i.d. control
+         + [f"{i}_S_{loss}" for i in INITS for loss in ("sup", "rec")])
 
 
 def spread(xs, signed=False):
@@ -301,7 +343,7 @@ def print_table(per, n_seeds, width, T, init):
     print("\ndirections, by seed:")
     for key in SIGNED:
         print(f"  {key}: walks {sign_verdict(per['walks'][key])}; i.i.d. {sign_verdict(per['iid'][key])}")
-    print("share of reconstruction's abs cos above the i.i.d. control, 1 - iid/walks, paired by seed:")
+    print("share of each abs cos above the i.i.d. control, 1 - iid/walks, paired by seed:")
     for key in LOCAL:
         print(f"  {key}: {spread([1 - i / w for w, i in zip(per['walks'][key], per['iid'][key])], True)}")
 
@@ -315,10 +357,11 @@ def main(argv=None):
         raise ValueError(f"--init={cfg['init']!r} is unknown; choose one of {INITS}")
     data = load_split("val", n=2, seed=0)
     model = build_model(data.vocab_size, data.max_len, 0, cfg["init"], uniform=True)
-    with torch.no_grad():   # our written-out layer is the model's own function at S = 0
-        S0 = torch.zeros(2, model.config.n_head, data.max_len, data.max_len, dtype=torch.float64)
-        same = model.head(outputs_from_scores(model, data.tokens, S0, True).mean(1))
-        assert torch.allclose(same, model.classify(data.tokens), atol=1e-10)
+    real = [build_model(data.vocab_size, data.max_len, 0, name, uniform=False) for name in INITS]
+    for m in [model] + real:   # our written-out layer is the model's own function at its own scores
+        S = own_scores(m, data.tokens).detach()
+        same = m.head(outputs_from_scores(m, data.tokens, S, True).mean(1))
+        assert torch.allclose(same, m.classify(data.tokens), atol=1e-10)
 
     per = run_seeds(cfg["seeds"], cfg["n_batches"], cfg["batch_size"], cfg["width"], cfg["init"])
     print_table(per, cfg["seeds"], cfg["width"], data.max_len, cfg["init"])

@@ -109,3 +109,44 @@ def test_image_attention_figure_reads_the_3x3_mass_of_each_query(tmp_path):
     assert path.stat().st_size > 0
     assert all(abs(m - 1.0) < 1e-6 for m in masses["after SPT"])
     assert all(abs(m - 9 / T) < 1e-6 for m in masses["init"])       # every query is off the border
+
+
+def test_tied_init_attends_to_itself_and_its_neighbours_and_independent_inits_do_not():
+    """Amos et al.'s W_Q = W_K = W_V = W_O: at init every seed puts more than uniform mass
+    on the query itself and on |i-j| <= 2 (tools/attention_at_init.py, 5 seeds: 2.66 +- 0.13x
+    and 1.70 +- 0.05x); independent projections (torch) and small ones (gpt2) do not."""
+    from synthetic import load_split
+    data = load_split("val", n=32, seed=0)
+    stats = {}
+    for init in ("torch", "gpt2", "amos"):
+        config = TransformerConfig(vocab_size=data.vocab_size, max_len=100, n_embd=64, n_head=4, init=init)
+        stats[init] = analysis.attention_at_init(config, data.tokens, seeds=(0, 1, 2))
+    assert min(stats["amos"]["self"]) > 2.0 and min(stats["amos"]["near"]) > 1.4
+    for init in ("torch", "gpt2"):
+        for key in ("self", "near"):
+            assert 0.9 < sum(stats[init][key]) / 3 < 1.1, (init, key)
+    assert max(stats["gpt2"]["score_std"]) < 0.05 < min(stats["torch"]["score_std"])
+
+
+def test_attention_at_init_reads_the_grid_neighbourhood_of_images():
+    side = 8
+    image = torch.zeros(2, side * side, dtype=torch.long)
+    config = TransformerConfig(vocab_size=258, max_len=side * side, n_embd=32, n_head=2, init="amos",
+                               pixel_encoder="linear")
+    stats = analysis.attention_at_init(config, image, seeds=(0, 1), image_side=side)
+    assert set(stats) == {"self", "near", "grid", "score_std"} and all(len(v) == 2 for v in stats.values())
+    assert min(stats["grid"]) > 1.0                                  # tied: local on the grid too
+
+
+def test_report_keeps_runs_apart_that_differ_only_in_the_pixel_encoder(tmp_path):
+    import json
+    summary = dict(task="pathfinder", depth=1, init="amos", pos_enc="sinusoidal", pretrain_task="pathfinder",
+                   pretrain_epochs=0, epochs=1, init_params="all", freeze="none", init_from="",
+                   best_val_acc=0.5, test_acc=0.5)
+    for name, encoder in (("a", "linear"), ("b", "token")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        (tmp_path / name / "config.json").write_text(json.dumps(dict(summary, pixel_encoder=encoder, seed=0)))
+    runs = [(name, analysis.run_summary(tmp_path / name)) for name in ("a", "b")]
+    rows = analysis.seed_table(runs).splitlines()[2:]
+    assert len(rows) == 2 and "| linear |" in rows[0] and "| token |" in rows[1]

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import model as model_lib
 from model import POOLINGS, POS_ENCODINGS, Transformer, TransformerConfig, select_params
 
 
@@ -192,3 +193,90 @@ def test_torch_init_is_pytorchs_default_layer_init_and_gpt2_is_small():
     assert gpt2.blocks[0].attn.W_Q.bias.abs().max() == 0
     with pytest.raises(ValueError, match="init='xavier' is unknown"):
         TransformerConfig(init="xavier")
+
+
+# --- Amos et al.'s tied attention init and their linear pixel encoder
+
+ATTN = ("W_Q", "W_K", "W_V", "W_O")
+
+
+def test_amos_init_copies_one_linear_into_q_k_v_o_and_one_step_unties_them():
+    torch.manual_seed(0)
+    model = small(init="amos").train()
+    for block in model.blocks:
+        first = getattr(block.attn, ATTN[0])
+        for name in ATTN[1:]:
+            other = getattr(block.attn, name)
+            assert torch.equal(other.weight, first.weight) and torch.equal(other.bias, first.bias)
+            assert other.weight is not first.weight                   # copies, not one shared tensor
+    assert not torch.equal(model.blocks[0].attn.W_Q.weight, model.blocks[1].attn.W_Q.weight)
+    bound = 1 / math.sqrt(32)                                         # the rest: PyTorch's defaults
+    assert model.blocks[0].mlp.fc.weight.abs().max() <= bound and model.tok_emb.weight.std() > 0.8
+    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-3)
+    idx = tokens()
+    loss = F.cross_entropy(model.classify(idx), torch.tensor([0, 1, 2])) + model.reconstruct(idx).logsumexp(-1).mean()
+    loss.backward()
+    opt.step()
+    for block in model.blocks:
+        weights = [getattr(block.attn, n).weight for n in ATTN]
+        assert all(not torch.equal(a, b) for i, a in enumerate(weights) for b in weights[i + 1:])
+
+
+def test_pixel_features_read_grey_in_minus_one_one_and_flag_only_the_mask():
+    idx = torch.tensor([[0, 255, 127, 128, 257, 256]])               # ..., [MASK], pad
+    feats = model_lib.pixel_features(idx, levels=256, mask_id=257)[0]
+    assert torch.allclose(feats[:, 0], torch.tensor([-1.0, 1.0, -1 / 255, 1 / 255, 0.0, 0.0]), atol=1e-6)
+    assert feats[:, 1].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def pixels(B=3, T=16, seed=0):
+    return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_linear_pixel_encoder_hides_a_masked_pixel_and_predicts_256_grey_levels():
+    torch.manual_seed(0)
+    model = small(vocab_size=258, pixel_encoder="linear", max_len=16)
+    assert not hasattr(model, "tok_emb") and model.pix_emb.in_features == 2
+    a, b = pixels(seed=1), pixels(seed=2)
+    hide = torch.zeros_like(a, dtype=torch.bool)
+    hide[:, 3:9] = True
+    b = torch.where(hide, b, a)                                       # differ only under the mask
+    assert not torch.equal(a, b)
+    masked_a, masked_b = a.masked_fill(hide, 257), b.masked_fill(hide, 257)
+    assert torch.equal(model.embed(masked_a), model.embed(masked_b))
+    assert torch.equal(model.reconstruct(masked_a), model.reconstruct(masked_b))
+    assert model.reconstruct(masked_a).shape == (3, 16, 256)           # Amos et al.'s 256-way CE
+    grey = model.embed(torch.full((1, 1), 128))                       # the grey closest to 0 ...
+    assert not torch.allclose(grey, model.embed(torch.full((1, 1), 257)))   # ... is not [MASK]
+    darker = a.clone()
+    darker[0, 0] = (a[0, 0] + 100) % 256                             # an unmasked pixel is seen
+    assert not torch.allclose(model.reconstruct(darker)[0, 5], model.reconstruct(a)[0, 5])
+
+
+@pytest.mark.parametrize("pixel_encoder", model_lib.PIXEL_ENCODERS)
+@pytest.mark.parametrize("init", model_lib.INITS)
+def test_both_pixel_encoders_train_under_every_init(pixel_encoder, init):
+    torch.manual_seed(0)
+    model = small(vocab_size=258, pixel_encoder=pixel_encoder, init=init, max_len=16, n_layer=1).train()
+    idx, labels = pixels(B=8, seed=3), torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+    idx[:, 0] = torch.tensor([0, 255, 255, 0, 255, 0, 0, 255])      # the label is the first pixel
+    loss = F.cross_entropy(model.classify(idx), labels) + model.reconstruct(idx).logsumexp(-1).mean()
+    loss.backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0] == []
+    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=3e-3)
+    for _ in range(100):
+        opt.zero_grad()
+        loss = F.cross_entropy(model.classify(idx), labels)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(pixel_encoder="conv"), r"pixel_encoder='conv' is unknown.*linear"),
+    (dict(pixel_encoder="linear", vocab_size=258, mask_id=100), r"2 <= pixel_levels <= mask_id < vocab_size"),
+    (dict(pixel_encoder="linear", vocab_size=34), r"got pixel_levels=256, mask_id=257, vocab_size=34"),
+])
+def test_bad_pixel_encoder_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig(**kwargs)

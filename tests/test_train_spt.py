@@ -258,3 +258,59 @@ def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
     assert all(not torch.equal(w_a[k], w_b[k]) for k in w_a if k.endswith("attn.W_Q.weight"))
     masks = [train_spt.draw_hidden((8, 1024), 0.5, train_spt.mask_generator(c)) for c in (a, b, a)]
     assert not torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
+
+
+# Amos et al.'s attention init and pixel encoder as the LRA tasks' defaults
+LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+
+
+def test_lra_tasks_start_from_tied_attention_and_pixel_tasks_read_grey_values():
+    for task in ("synthetic", *LRA_TASKS):
+        cfg = train_spt.get_config([f"--task={task}"])
+        assert cfg["init"] == ("torch" if task == "synthetic" else "amos"), task
+        assert cfg["pixel_encoder"] == ("linear" if task in train_spt.IMAGE_TASKS else "token"), task
+    cfg = train_spt.get_config(["--task=pathfinder", "--init=torch", "--pixel_encoder=token"])
+    assert (cfg["init"], cfg["pixel_encoder"]) == ("torch", "token")        # both can be turned off
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task=synthetic", "--pixel_encoder=linear"], "--pixel_encoder=linear reads grey levels: it applies only"),
+    (["--task=listops", "--pixel_encoder=linear"], "only to image, pathfinder, pathx"),
+    (["--task=pathfinder", "--pixel_encoder=conv"], "pixel_encoder='conv' is unknown"),
+    (["--task=pathfinder", "--init=tied"], "init='tied' is unknown"),
+])
+def test_bad_init_and_pixel_encoder_flags_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message):
+        train_spt.get_config(argv)
+
+
+def test_spt_objective_gives_a_masked_pixel_to_the_model_as_zero_with_its_mask_flag():
+    """Through MaskedReconstruction: the linear encoder's input at a hidden pixel is [0, 1]
+    whatever its grey level, and the loss is 256-way cross-entropy on the hidden ones."""
+    torch.manual_seed(0)
+    from model import Transformer, TransformerConfig
+    model = Transformer(TransformerConfig(vocab_size=258, max_len=64, n_embd=32, n_head=2, init="amos",
+                                          pixel_encoder="linear"))
+    seen = []
+    model.pix_emb.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    tokens = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
+    hide = train_spt.draw_hidden(tokens.shape, 0.5, torch.Generator().manual_seed(2))
+    loss = train_spt.MaskedReconstruction(model, mask_id=257)(tokens, None, hide)
+    features = seen[0]
+    assert torch.equal(features[hide], torch.tensor([[0.0, 1.0]]).expand(int(hide.sum()), 2))
+    assert torch.allclose(features[~hide][:, 0], tokens[~hide].float() / 127.5 - 1) and (features[~hide][:, 1] == 0).all()
+    logits = model.reconstruct(tokens.masked_fill(hide, 257))
+    assert logits.shape[-1] == 256
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits[hide], tokens[hide]).item(), rel=1e-5)
+
+
+def test_both_pixel_encoders_run_spt_then_finetuning_on_pathfinder(tmp_path):
+    flags = ["--task=pathfinder", "--n_generate=100", f"--data_dir={tmp_path / 'data'}", "--n_train=32",
+             "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--pretrain_epochs=1",
+             "--epochs=1", "--warmup_steps=0", "--pretrain_warmup_steps=0", "--log_every=1"]
+    for encoder, first_layer in (("linear", "pix_emb.weight"), ("token", "tok_emb.weight")):
+        out = tmp_path / encoder
+        summary = train_spt.main(flags + [f"--pixel_encoder={encoder}", f"--out_dir={out}"])
+        state = load_checkpoint(out / "spt_best.pt")["model"]
+        assert first_layer in state and state["lm_head.weight"].shape[0] == (256 if encoder == "linear" else 258)
+        assert summary["init"] == "amos" and summary["steps"] == 4 and summary["spt_best_val_loss"] < 6.0

@@ -1,0 +1,123 @@
+"""tools/: the attention-at-init table and the one-call GPU script for Amos et al.'s
+PathFinder setting (its CPU smoke test runs a few steps per arm, in parallel processes)."""
+
+import pytest
+import torch
+
+from tools import amos_pathfinder_gpu as gpu
+from tools import attention_at_init
+
+
+def test_attention_at_init_table_has_a_row_per_input_model_and_init():
+    out = attention_at_init.main(["--seeds=1", "--n=2"])
+    rows = [line for line in out.splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) == 2 * 3 + 4 * 3                       # synthetic walks and i.i.d.; 4 PathFinder models
+    amos_walks = next(r for r in rows if r.startswith("| synthetic walks") and "| amos |" in r)
+    assert float(amos_walks.split("|")[4]) > 2.0            # the tied init's self mass, x uniform
+    with pytest.raises(ValueError, match="--seeds >= 1"):
+        attention_at_init.main(["--seeds=0"])
+
+
+def flags_of(cfg, arm, init="amos", seed=0):
+    return dict(f[2:].split("=", 1) for f in gpu.run_flags(cfg, init, arm, seed, cap_hours=0.05))
+
+
+def test_gpu_script_runs_amos_et_al_pathfinder_config_with_matched_finetuning():
+    cfg = dict(gpu.DEFAULTS, out_dir="/o", data_dir="/d")
+    scratch, spt = flags_of(cfg, "scratch"), flags_of(cfg, "spt", seed=1)
+    assert scratch["task"] == "pathfinder" and scratch["difficulty"] == "contour_length_14"
+    assert "depth" not in scratch and "lr" not in scratch   # the task's own: 4 layers, d=128, lr 5e-4
+    assert scratch["pretrain_epochs"] == "0" and spt["pretrain_epochs"] == str(cfg["spt_epochs"])
+    assert scratch["epochs"] == spt["epochs"] == str(cfg["epochs"])      # equal finetuning epochs
+    assert spt["seed"] == "1" and spt["out_dir"] == "/o/amos_spt_s1" and float(spt["max_hours"]) == 0.05
+    smoke = flags_of(dict(cfg, smoke=True), "spt")
+    assert smoke["device"] == "cpu" and smoke["depth"] == "1"
+
+
+def test_gpu_script_time_caps_fit_the_budget_or_refuse():
+    cfg = dict(gpu.DEFAULTS, minutes=9.0)
+    cap_s = gpu.phase_cap_hours(cfg, elapsed_s=60) * 3600
+    assert 2 * cap_s + 60 + gpu.MARGIN_S < 9 * 60                         # both SPT-arm phases, data, margin
+    with pytest.raises(ValueError, match="leaves .* s for training"):
+        gpu.phase_cap_hours(dict(cfg, minutes=2.0), elapsed_s=30)
+
+
+def test_gpu_script_table_is_mean_and_spread_over_seeds():
+    run = dict(spt_steps=0, steps=100, spt_loss=None, mass_init=0.01, mass_spt=None, mass_final=0.02,
+               uniform=0.0084, val=0.5, test=0.6)
+    out = gpu.table({("amos", "scratch"): [run, dict(run, test=0.8)]})
+    assert "| amos | scratch | 2 | 0 ± 0 | 100 ± 0 | - |" in out and "| 0.700 ± 0.141 |" in out
+    assert "uniform attention: 0.0084" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_script_refuses_a_machine_without_a_gpu_unless_smoke(tmp_path):
+    with pytest.raises(ValueError, match="no CUDA GPU here"):
+        gpu.main([f"--out_dir={tmp_path}"])
+    assert not any(tmp_path.iterdir())                                     # nothing written
+
+
+@pytest.mark.slow
+def test_gpu_script_smoke_runs_every_arm_on_the_cpu(tmp_path):
+    out = gpu.main(["--smoke=True", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"])
+    for init in ("amos", "torch"):
+        for arm in gpu.ARMS:
+            assert (tmp_path / "out" / f"{init}_{arm}_s0" / "summary.json").exists()
+            assert f"| {init} | {arm} | 1 |" in out
+    assert "FAILED" not in out and (tmp_path / "out" / "table.md").read_text().strip() == out
+    assert len((tmp_path / "out" / "commands.txt").read_text().splitlines()) == 4
+    again = gpu.main(["--smoke=True", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}"])
+    assert again.split("wall time")[0] == out.split("wall time")[0]   # finished runs are not run again
+
+
+def experiments(*args, **env):
+    import os
+    import subprocess
+    result = subprocess.run(["bash", "tools/amos_experiments.sh", *args], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, **{k: str(v) for k, v in env.items()}})
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_experiment_script_lists_every_run_of_each_experiment():
+    rc, out, _ = experiments("synthetic", DRY=1)
+    runs = out.strip().splitlines()
+    assert rc == 0 and len(runs) == 18 and all("--task=synthetic --init=amos" in r for r in runs)
+    assert sum("--init_params=qk" in r for r in runs) == 3 and sum("--freeze=attn" in r for r in runs) == 3
+    rc, out, _ = experiments("plateau", DRY=1)
+    assert rc == 0 and len(out.splitlines()) == 4 and all("--pretrain_schedule=constant" in r for r in out.splitlines())
+    rc, out, _ = experiments("depth2", "torch", DRY=1)
+    runs = out.strip().splitlines()
+    assert rc == 0 and len(runs) == 8 and all("--depth=2 --init=torch" in r for r in runs)
+    assert sum("--epochs=12+K" in r for r in runs) == 2                  # compute-matched: 12 + SPT epochs
+    rc, _, err = experiments("nothing")
+    assert rc == 2 and "usage" in err
+
+
+@pytest.mark.slow
+def test_experiment_script_runs_the_plateau_experiment_small_and_skips_it_the_second_time(tmp_path):
+    tiny = (f"--n_generate=100 --data_dir={tmp_path / 'data'} --n_train=32 --n_eval=16 --batch_size=8 "
+            "--n_embd=32 --n_head=2 --pretrain_epochs=2 --save_epochs=1,2 --log_every=1")
+    rc, out, err = experiments("plateau", OUT=tmp_path / "out", EXTRA=tiny)
+    assert rc == 0, err
+    assert out.count("done: ") == 4 and "FAILED" not in out
+    table = (tmp_path / "out" / "plateau" / "plateau.md").read_text()
+    assert table.count("| 2 | 8 |") == 4                                  # epoch 2 = step 8, in each run
+    assert (tmp_path / "out" / "plateau" / "amos_s0" / "command.txt").read_text().count("--init=amos") == 1
+    rc, out, _ = experiments("plateau", OUT=tmp_path / "out", EXTRA=tiny)
+    assert rc == 0 and out.count("finished already") == 4
+
+
+def test_plateau_report_finds_the_first_spt_epoch_below_the_threshold(tmp_path, capsys):
+    import json
+    from tools import spt_plateau
+    losses = [0.80, 0.78, 0.69, 0.71, 0.60]
+    with open(tmp_path / "log.jsonl", "w") as f:
+        for e, loss in enumerate(losses, 1):
+            f.write(json.dumps(dict(phase="spt", step=250 * e, epoch=e, val_loss=loss)) + "\n")
+        f.write(json.dumps(dict(phase="finetune", step=250, epoch=1, val_loss=0.3, val_acc=0.9)) + "\n")
+    assert spt_plateau.main([f"--runs={tmp_path}", "--epoch_only=True"]) == 3
+    assert spt_plateau.main([f"--runs={tmp_path}", "--epoch_only=True", "--threshold=0.5"]) == 5   # never: the last
+    out = spt_plateau.main([f"--runs={tmp_path}"])
+    assert "below 0.7 after epoch 3 (step 750, 0.6900)" in out and "| 4 | 1000 | 0.7100 | - |" in out
+    with pytest.raises(FileNotFoundError, match="log.jsonl does not exist"):
+        spt_plateau.main([f"--runs={tmp_path / 'nowhere'}"])
