@@ -39,6 +39,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -791,7 +792,8 @@ def main(argv=None):
         data = load_splits(cfg, rt)
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         folder.begin()                                                # every check passed: write
-        log = RunLog(cfg["out_dir"], cfg, rt.master, keep=ckpt and written_before(ckpt))
+        log = RunLog(cfg["out_dir"], cfg, rt.master, keep=ckpt and written_before(ckpt),
+                     command=shlex.join(["python", "train_spt.py", *argv]))
         if ckpt:
             log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
         summary = run_phases(cfg, rt, data, model, log, ckpt)

@@ -229,6 +229,7 @@ def grad_norm(parameters):
 # Run folders: locked first, never silently reused, one writer at a time
 
 RESULT_FILES = ("config.json", "log.jsonl", "summary.json", "ckpt.pt")
+RUN_RECORDS = RESULT_FILES + ("command.txt",)         # what every run writes
 
 
 class RunFolder:
@@ -242,7 +243,7 @@ class RunFolder:
     and a folder this run created and never wrote to is removed: a refused run leaves nothing."""
 
     def __init__(self, out_dir, names, overwrite=False, resume=False, master=True):
-        self.dir, self.names, self.overwrite, self.resume = out_dir, RESULT_FILES + tuple(names), overwrite, resume
+        self.dir, self.names, self.overwrite, self.resume = out_dir, RUN_RECORDS + tuple(names), overwrite, resume
         self.master, self.created, self.lock = master, False, None
 
     def __enter__(self):
@@ -338,12 +339,16 @@ class RunLog:
     """Writes only on the master rank. log.jsonl gets one JSON object per call of log().
     When resuming, the records written before the checkpoint are kept and new ones
     appended: resume_step=N keeps those with step <= N, or keep=f those with f(record)
-    true; otherwise the log starts anew. Create it only after RunFolder.begin()."""
+    true; otherwise the log starts anew. command.txt gets the command line that made
+    the run (one more line per resume). Create it only after RunFolder.begin()."""
 
-    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None):
+    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None, command=None):
         self.path, self.master = os.path.join(out_dir, "log.jsonl"), master
         if resume_step is not None:
             keep = lambda r: r.get("step", 0) <= resume_step
+        if master and command is not None:
+            with open(os.path.join(out_dir, "command.txt"), "a" if keep else "w") as f:
+                f.write(command + "\n")
         if master:
             write_json(os.path.join(out_dir, "config.json"), config)
             kept = [r for r in read_log(out_dir) if keep(r)] if keep and os.path.exists(self.path) else []

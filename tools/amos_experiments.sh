@@ -13,7 +13,8 @@
 #
 # Restartable: a run whose folder has summary.json is skipped, a killed one resumes from its
 # checkpoint (or starts again when it had none), and each folder gets the command that made it
-# (command.txt; the run's stdout goes to FOLDER.log). DRY=1 prints the commands instead.
+# (the run writes command.txt; its stdout goes to FOLDER.log). DRY=1 prints the commands instead.
+# SLOTS (default 2) runs go at once.
 # OUT (default out/amos) is where the folders go; PY (default python) the interpreter; EXTRA
 # flags are added to every run (last flag wins: EXTRA="--n_train=64" shrinks them, for a test).
 set -uo pipefail
@@ -32,7 +33,6 @@ run() {   # run FOLDER FLAGS...: one train_spt.py run, unless it is finished
     if [ "$DRY" = 1 ]; then echo "$PY train_spt.py $* --out_dir=$dir"; return; fi
     if [ -f "$dir/summary.json" ]; then echo "finished already: $dir"; return; fi
     mkdir -p "$dir"
-    echo "$PY train_spt.py $* --out_dir=$dir" >> "$dir/command.txt"
     if [ -f "$dir/ckpt.pt" ] && [[ "$*" != *--init_from=* ]]; then
         "$PY" train_spt.py --out_dir="$dir" --init_from=resume >> "$dir.log" 2>&1
     else
@@ -41,8 +41,8 @@ run() {   # run FOLDER FLAGS...: one train_spt.py run, unless it is finished
     [ -f "$dir/summary.json" ] && echo "done: $dir" || echo "FAILED: $dir (see $dir.log)"
 }
 
-slot() {   # wait until fewer than two runs of ours are going
-    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+slot() {   # wait until fewer than SLOTS runs of ours are going
+    while [ "$(jobs -rp | wc -l)" -ge "${SLOTS:-2}" ]; do wait -n; done
 }
 
 synthetic() {
