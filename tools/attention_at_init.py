@@ -26,7 +26,7 @@ import analysis  # noqa: E402  (the repository root, added just above)
 import pathfinder  # noqa: E402
 import synthetic  # noqa: E402
 from model import INITS, TransformerConfig  # noqa: E402
-from training import configure, run_cli  # noqa: E402
+from configurator import configure, run_cli  # noqa: E402
 
 STATS = ("self", "near", "grid", "score_std")
 

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import pathfinder  # noqa: E402
-import training  # noqa: E402
+import configurator  # noqa: E402
 from test_data_lra import flood_fill_connected, held_out_accuracy  # noqa: E402  the solver and probe the tests use
 
 DEFAULTS = dict(
@@ -274,7 +274,7 @@ def save_grid(path, runs, lengths, per_row=8):
 
 
 def main(argv):
-    cfg = training.configure(DEFAULTS, argv, __doc__)
+    cfg = configurator.configure(DEFAULTS, argv, __doc__)
     lengths = [int(x) for x in str(cfg["lengths"]).split(",") if x.strip()]
     if cfg["n"] < 8 or not lengths or any(L < 3 for L in lengths):
         raise ValueError("--n must be at least 8 and --lengths a comma list of contour lengths >= 3")
@@ -306,4 +306,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    training.run_cli(main)
+    configurator.run_cli(main)

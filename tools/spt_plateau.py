@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import analysis  # noqa: E402  (the repository root, added just above)
 import train_spt  # noqa: E402
-from training import configure, load_checkpoint, load_state, run_cli, setup_runtime  # noqa: E402
+from configurator import configure, run_cli  # noqa: E402
+from training import load_checkpoint, load_state, setup_runtime  # noqa: E402
 
 DEFAULTS = dict(runs="", threshold=0.70, n=16, epoch_only=False)
 
