@@ -6,7 +6,7 @@ the per-loop residual norm and its peak, gradient oscillation, collapse, and
 the test-time loop curve.
 
   python train_flt.py --variant=FLT --n_loops=12 --n_layer=2     # byte LM on stdlib docstrings
-  python train_flt.py --optim=adamw ...                          # our earlier recipe instead of theirs
+  python train_flt.py --optim=adamw ...                          # a plain AdamW baseline recipe instead
   python train_flt.py --data=listops --n_loops=6                 # ListOps, scored on the answers (corpora.py)
   python train_flt.py --data=my.txt --variant=LT --n_loops=6     # any text file, as bytes
   python train_flt.py --data=data/owt --vocab_size=50304         # nanoGPT train.bin/val.bin (uint16)
@@ -21,8 +21,8 @@ nanochat): Muon, Nesterov, lr 0.02 on every matrix of the blocks, momentum 0.85 
 embedding (lr 0.2 s) and the lm head (lr 0.004 s), s = (n_embd / 768) ** -0.5; no
 weight decay; no warmup, flat lr then linear to 0 over the last 20% of steps; the
 model with QK-norm, logit softcap 15, lm head init N(0, 1e-3^2). --optim=adamw is
-ours from before (RECIPES["adamw"]: AdamW 3e-3 on everything, weight decay 0.1,
-40 warmup steps then cosine, no QK-norm, no softcap, zero lm head). Either
+a plain AdamW baseline (RECIPES["adamw"]: AdamW 3e-3 on everything, weight decay
+0.1, 40 warmup steps then cosine, no QK-norm, no softcap, zero lm head). Either
 recipe's values give way to a flag given on the command line.
 
 Every run writes into out_dir: config.json; log.jsonl (one record per step:
@@ -76,6 +76,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -90,7 +91,8 @@ from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
 # Defaults: every key is a --key=value flag (--help lists them). The optimisation keys
-# hold the authors' recipe; --optim=adamw switches every key of RECIPES["adamw"] to ours.
+# hold the authors' recipe; --optim=adamw switches every key of RECIPES["adamw"] to the
+# AdamW baseline's value.
 
 DEFAULTS = dict(
     out_dir="out/flt",
@@ -106,7 +108,8 @@ DEFAULTS = dict(
     n_loops=12, n_layer=2, n_head=4, n_embd=128, ffn_mult=4, block_size=128,
     loss_type="END",         # END, STEP, FEW
     # optimisation
-    optim="muon",            # muon: theirs (Muon on the block matrices, AdamW on embedding and head); adamw: ours
+    optim="muon",            # muon: the authors' (Muon on the block matrices, AdamW on embedding and head);
+                             # adamw: a plain AdamW baseline (RECIPES)
     batch_size=16,
     grad_accum=1,            # micro-batches per optimizer step (per rank)
     max_steps=400,
@@ -148,10 +151,17 @@ DEFAULTS = dict(
 # as a flag keeps the flag's value.
 RECIPES = {
     "muon": {},              # the authors': the values in DEFAULTS
+    # a plain AdamW baseline: one lr for every weight, warmup then cosine, weight decay 0.1, and the
+    # model without nanochat's QK-norm, softcap and lm-head init
     "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
-                  qk_norm=False, softcap=0.0, lm_head_std=0.0),       # ours, before issue 11
+                  qk_norm=False, softcap=0.0, lm_head_std=0.0),
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
+
+# get_batch draws each batch from a generator seeded with (seed, step, micro, rank, stream):
+# training batches use stream 0 and val batches stream 1, so a val batch is never the
+# training batch of the step with the same number.
+TRAIN_STREAM, VAL_STREAM = 0, 1
 
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
                "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
@@ -208,7 +218,7 @@ def eval_loop_losses(model, val, C, rt, n_loops, accuracy=False):
     model.eval()
     total, right, count = torch.zeros(n_loops), torch.zeros(n_loops), 0
     for i in range(C.eval_batches):
-        x, y = get_batch(val, C, step=i, stream=1, device=rt.device)
+        x, y = get_batch(val, C, step=i, stream=VAL_STREAM, device=rt.device)
         with rt.autocast():
             total += model.loop_losses(x, y, n_loops).float().cpu()
             if accuracy:
@@ -226,7 +236,7 @@ def lr_multiplier(it, C):
     """The factor every base lr is multiplied by at step it (0-based). warmdown (the
     authors'): 1 until step max_steps - W, then (max_steps - it) / W, reaching 0,
     W = round(warmdown_frac * max_steps); after a linear warmup if warmup_steps > 0.
-    cosine, linear, constant: training.lr_at, as in our recipe."""
+    cosine, linear, constant: training.lr_at, as in the AdamW baseline recipe."""
     if C.schedule != "warmdown":
         return training.lr_at(it, C.max_steps, 1.0, C.warmup_steps, C.schedule, C.min_lr_frac)
     if it < C.warmup_steps:
@@ -325,22 +335,48 @@ def reference_loss(C):
     return loss
 
 
-# --- the run ------------------------------------------------------------------
+# --- the run: set up, train, finish -------------------------------------------------------
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = get_config(argv)
     if cfg["compare"]:
         return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
-    resume = cfg["init_from"] == "resume"
-    training.check_out_dir(cfg["out_dir"], cfg["overwrite"], resume)
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    if resume:                                 # the folder given, the checkpoint's config
-        ckpt = training.load_checkpoint(ckpt_path)
-        cfg, changed = training.resume_config(ckpt["config"], cfg, training.given_keys(argv), RESUME_SAFE,
-                                              per_call=("stop_step", "debug"))
-        if changed:
-            print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+    run = setup_run(cfg, argv)
+    nan_stop = train(run)
+    return finish(run, nan_stop)
+
+
+@dataclass
+class Run:
+    """What one training run holds; built by setup_run, which writes nothing until
+    every check has passed."""
+    C: SimpleNamespace          # the config, as attributes (cfg is the same as a dict)
+    cfg: dict
+    rt: training.Runtime
+    raw: LoopedTransformer      # the bare model: checkpoints, hooks, evaluation
+    model: torch.nn.Module      # what the step calls (raw, under torch.compile / DDP)
+    optimizers: list
+    base_lrs: list              # per optimizer, per group: the lr the schedule multiplies
+    train: np.ndarray
+    val: np.ndarray
+    vocab: int
+    is_bytes: bool
+    model_args: dict
+    ckpt_path: str
+    log: training.RunLog
+    say: object                 # print on rank 0 (through tqdm), silent elsewhere
+    ref_loss: float = None      # the 1-loop reference's final val loss (--reference)
+    step: int = 0               # the step this call starts from (the checkpoint's on resume)
+    wall_before: float = 0.0    # training seconds spent before this call (resumed runs)
+    t_start: float = 0.0        # when this call's training loop started
+
+
+def setup_run(cfg, argv):
+    """Check the flags, the out_dir, the data and the model; build the model and the
+    optimizers (restored from out_dir/ckpt.pt with --init_from=resume); only then
+    claim out_dir and start the log. Returns a Run."""
+    cfg, ckpt, changed = resolve_config(cfg, argv)
     C = SimpleNamespace(**cfg)
     byte_data = C.data == "stdlib" or not os.path.isdir(C.data)
     model_args = dict(vocab_size=256 if byte_data else C.vocab_size, block_size=C.block_size,
@@ -349,43 +385,19 @@ def main(argv=None):
                       softcap=C.softcap, lm_head_std=C.lm_head_std)
     LoopedConfig(**model_args)                       # refuses bad model flags before the data is read
     ref_loss = reference_loss(C) if C.reference else None
-
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
-    if rt.ddp and not rt.master:
-        dist.barrier()                                       # rank 0 prepares the data first
-    train, val, vocab, is_bytes = load_data(C)
-    if rt.ddp and rt.master:
-        dist.barrier()
-    if train.ndim == 1 and min(len(train), len(val)) <= C.block_size + 1:
-        raise ValueError(f"the data is too short for block_size={C.block_size}: "
-                         f"{len(train)} train and {len(val)} val tokens")
-
-    model = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
-    betas = (C.beta1, C.beta2)
-    if C.optim == "muon":
-        optimizers = model.configure_muon(C.lr, C.embedding_lr, C.unembedding_lr, betas, C.adam_eps,
-                                          C.weight_decay, rt.device_type)
-    else:
-        optimizers = [model.configure_optimizers(C.weight_decay, C.lr, betas, C.adam_eps, rt.device_type)]
+    train, val, vocab, is_bytes = load_data_rank0_first(C, rt)
+    raw = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
+    optimizers = build_optimizers(raw, C, rt)
     base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
-    step, wall_before = 0, 0.0
-    if resume:
-        if not isinstance(ckpt["optimizer"], list):
-            raise ValueError(f"{ckpt_path} was written before train_flt.py had two recipes (one optimizer "
-                             f"state); it cannot be resumed, only rerun")
-        training.load_state(model, ckpt["model"])
-        for o, state in zip(optimizers, ckpt["optimizer"]):
-            o.load_state_dict(state)
-        step, wall_before = ckpt["step"], ckpt["wall_time"]
-        torch.set_rng_state(ckpt["rng"].cpu())
-        if "cuda_rng" in ckpt and torch.cuda.is_available():
-            torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu())
-    raw = model
+    step, wall_before = restore(ckpt, raw, optimizers, os.path.join(C.out_dir, "ckpt.pt")) if ckpt else (0, 0.0)
+    model = raw
     if C.compile:
         model = torch.compile(model)
     if rt.ddp:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    resume = ckpt is not None
     training.claim_out_dir(C.out_dir, C.overwrite and not resume, rt.master)   # checks done: write
     log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if resume else None)
     if resume:
@@ -394,84 +406,197 @@ def main(argv=None):
     say(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; data: {len(train):,} train / "
         f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {C.variant} x{C.n_loops} loops, "
         f"{raw.num_params():,} parameters" + (f"; resuming at step {step}" if step else ""))
+    return Run(C, cfg, rt, raw, model, optimizers, base_lrs, train, val, vocab, is_bytes, model_args,
+               os.path.join(C.out_dir, "ckpt.pt"), log, say, ref_loss, step, wall_before)
 
-    def save(steps_done):
-        if rt.master:
-            state = {"model": raw.state_dict(), "optimizer": [o.state_dict() for o in optimizers], "step": steps_done,
-                     "model_args": model_args, "config": cfg, "rng": torch.get_rng_state(),
-                     "wall_time": wall_before + time.time() - t_start}
-            if torch.cuda.is_available():
-                state["cuda_rng"] = torch.cuda.get_rng_state()
-            training.save_checkpoint(ckpt_path, state)
 
+def resolve_config(cfg, argv):
+    """The config this call runs with: the command line's, or, with --init_from=resume,
+    the checkpoint's in out_dir with the safe flags given now (training.resume_config).
+    Checks out_dir first. Returns (cfg, checkpoint or None, changed flags)."""
+    resume = cfg["init_from"] == "resume"
+    training.check_out_dir(cfg["out_dir"], cfg["overwrite"], resume)
+    if not resume:
+        return cfg, None, {}
+    ckpt = training.load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+    cfg, changed = training.resume_config(ckpt["config"], cfg, training.given_keys(argv), RESUME_SAFE,
+                                          per_call=("stop_step", "debug"))
+    if changed:
+        print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+    return cfg, ckpt, changed
+
+
+def load_data_rank0_first(C, rt):
+    """corpora.load_data, run by rank 0 before the other DDP ranks (it may build a
+    cache they then read). Refuses byte or token streams too short for one window."""
+    if rt.ddp and not rt.master:
+        dist.barrier()
+    train, val, vocab, is_bytes = load_data(C)
+    if rt.ddp and rt.master:
+        dist.barrier()
+    if train.ndim == 1 and min(len(train), len(val)) <= C.block_size + 1:
+        raise ValueError(f"the data is too short for block_size={C.block_size}: "
+                         f"{len(train)} train and {len(val)} val tokens")
+    return train, val, vocab, is_bytes
+
+
+def build_optimizers(raw, C, rt):
+    """The recipe's optimizers: [AdamW, Muon] for --optim=muon, [AdamW] for adamw."""
+    betas = (C.beta1, C.beta2)
+    if C.optim == "muon":
+        return raw.configure_muon(C.lr, C.embedding_lr, C.unembedding_lr, betas, C.adam_eps,
+                                  C.weight_decay, rt.device_type)
+    return [raw.configure_optimizers(C.weight_decay, C.lr, betas, C.adam_eps, rt.device_type)]
+
+
+def restore(ckpt, raw, optimizers, path):
+    """Load a checkpoint's weights, optimizer states and RNG state into this run, so
+    it continues exactly. Returns (step, training seconds spent so far)."""
+    if not isinstance(ckpt["optimizer"], list):
+        raise ValueError(f"{path} holds one optimizer state, not one per optimizer of the recipe; "
+                         f"it cannot be resumed, only rerun")
+    training.load_state(raw, ckpt["model"])
+    for o, state in zip(optimizers, ckpt["optimizer"]):
+        o.load_state_dict(state)
+    torch.set_rng_state(ckpt["rng"].cpu())
+    if "cuda_rng" in ckpt and torch.cuda.is_available():
+        torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu())
+    return ckpt["step"], ckpt["wall_time"]
+
+
+def train(r):
+    """THE training loop, from r.step to max_steps (or --stop_step). One step: set the
+    scheduled lr and momentum; per micro-batch, a batch, the forward pass and its loss,
+    the backward pass; the gradient norm; clipping; the optimizer steps. Around it:
+    diagnostics logged every step, val loss every eval_interval steps, a checkpoint
+    every ckpt_interval. Returns the step whose loss or gradient was NaN/inf (the run
+    stops there, nothing of that step kept), or None."""
+    C, rt, raw = r.C, r.rt, r.raw
     params = [p for p in raw.parameters() if p.requires_grad]
     last_step = min(C.max_steps, C.stop_step) if C.stop_step > 0 else C.max_steps
-    t_start, nan_stop = time.time(), None
-    pbar = tqdm(range(step, last_step), initial=step, total=last_step, disable=not rt.master, desc=C.variant)
+    r.t_start = time.time()
+    pbar = tqdm(range(r.step, last_step), initial=r.step, total=last_step, disable=not rt.master, desc=C.variant)
     recorder = BlockGradRecorder(raw.blocks, enabled=not C.compile)
     for it in pbar:
-        lr_now = lr_multiplier(it, C)
-        for o, bases in zip(optimizers, base_lrs):
-            for group, base in zip(o.param_groups, bases):
-                group["lr"] = base * lr_now
-                if isinstance(o, torch.optim.Muon):
-                    group["momentum"] = muon_momentum(it)
+        set_schedules(r.optimizers, r.base_lrs, it, C)
         loss_sum, res_norms = 0.0, torch.zeros(C.n_loops, device=rt.device)
         recorder.start(C.n_loops, len(raw.blocks))
         for micro in range(C.grad_accum):
-            x, y = get_batch(train, C, it, micro, rt.rank, device=rt.device)
-            last_micro = micro == C.grad_accum - 1
+            x, y = get_batch(r.train, C, it, micro, rt.rank, stream=TRAIN_STREAM, device=rt.device)
             recorder.next_micro()
-            with (model.no_sync() if rt.ddp and not last_micro else nullcontext()), rt.autocast():
-                _, loss, stats = model(x, y, return_stats=True)
-            (loss / C.grad_accum).backward()
+            with grad_sync(r.model, rt, last_micro=micro == C.grad_accum - 1), rt.autocast():
+                _, loss, stats = r.model(x, y, return_stats=True)       # forward: loss on the chosen loops
+            (loss / C.grad_accum).backward()                            # backward
             loss_sum += loss.item() / C.grad_accum
             res_norms += stats["residual_norms"] / C.grad_accum
-        loss_now = training.all_reduce_mean(loss_sum, rt)
-        if rt.ddp:
-            dist.all_reduce(res_norms)
-            res_norms /= rt.world_size
-        g_total = training.grad_norm(params).item()        # before clipping
-        if not (math.isfinite(loss_now) and math.isfinite(g_total)):
-            nan_stop = it + 1
-            say(f"stopping: the loss is {loss_now} and the gradient norm {g_total} at step {it + 1}: the run "
-                f"diverged. Nothing from this step was saved; {training.last_good_checkpoint(ckpt_path)}.")
-            break
+        loss_now, res_norms = mean_over_ranks(loss_sum, res_norms, rt)
+        g_total = training.grad_norm(params).item()                     # before clipping
+        if not_finite(r, loss_now, g_total, it + 1):
+            return it + 1
         block_norms = [training.grad_norm(b.parameters()).item() for b in raw.blocks]
         if C.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, C.grad_clip)
-        for o in optimizers:
-            o.step()
+            torch.nn.utils.clip_grad_norm_(params, C.grad_clip)         # clip
+        for o in r.optimizers:
+            o.step()                                                    # update
             o.zero_grad(set_to_none=True)
         done = it + 1
-        log.log(step=done, loss=loss_now, lr=C.lr * C.lr_mult * lr_now, grad_norm=g_total, block_grad_norms=block_norms,
-                residual_norms=[round(r, 4) for r in res_norms.tolist()], out_grad_norms=recorder.norms(C.grad_accum))
+        r.log.log(step=done, loss=loss_now, lr=C.lr * C.lr_mult * lr_multiplier(it, C), grad_norm=g_total,
+                  block_grad_norms=block_norms, residual_norms=[round(v, 4) for v in res_norms.tolist()],
+                  out_grad_norms=recorder.norms(C.grad_accum))
         pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
-        if done - step == 5 and rt.master:
-            per_step = (time.time() - t_start) / 5
-            say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min "
-                f"for {last_step - done} more steps")
-        if done % C.eval_interval == 0 or done == C.max_steps:
-            log.log(step=done, val_loss=eval_loop_losses(raw, val, C, rt, C.n_loops)[-1])
-        if done % C.ckpt_interval == 0 or done == last_step:
-            save(done)
+        print_eta(r, done, last_step)
+        evaluate_and_checkpoint(r, done, last_step)
     pbar.close()
+    return None
 
-    if nan_stop is None and last_step < C.max_steps:
-        say(f"stopped at step {last_step} (--stop_step); continue with --init_from=resume")
+
+def set_schedules(optimizers, base_lrs, it, C):
+    """Every group's lr = its base lr x lr_multiplier(it); Muon's momentum = muon_momentum(it)."""
+    lr_now = lr_multiplier(it, C)
+    for o, bases in zip(optimizers, base_lrs):
+        for group, base in zip(o.param_groups, bases):
+            group["lr"] = base * lr_now
+            if isinstance(o, torch.optim.Muon):
+                group["momentum"] = muon_momentum(it)
+
+
+def grad_sync(model, rt, last_micro):
+    """Under DDP, model.no_sync() for every micro-batch but the last: the gradients are
+    averaged over ranks once per step, in the last backward. A no-op otherwise."""
+    return model.no_sync() if rt.ddp and not last_micro else nullcontext()
+
+
+def mean_over_ranks(loss, res_norms, rt):
+    """The step's loss (float) and per-loop residual norms (tensor), averaged over
+    DDP ranks (unchanged without DDP)."""
+    loss = training.all_reduce_mean(loss, rt)
+    if rt.ddp:
+        dist.all_reduce(res_norms)
+        res_norms /= rt.world_size
+    return loss, res_norms
+
+
+def not_finite(r, loss, g_total, step):
+    """True, after saying so, if the loss or the gradient norm of this step is NaN or
+    inf: the caller stops before the optimizer step, so nothing of it is saved."""
+    if math.isfinite(loss) and math.isfinite(g_total):
+        return False
+    r.say(f"stopping: the loss is {loss} and the gradient norm {g_total} at step {step}: the run "
+          f"diverged. Nothing from this step was saved; {training.last_good_checkpoint(r.ckpt_path)}.")
+    return True
+
+
+def print_eta(r, done, last_step):
+    """Once, 5 steps into this call: the seconds per step and the time left."""
+    if done - r.step == 5 and r.rt.master:
+        per_step = (time.time() - r.t_start) / 5
+        r.say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min "
+              f"for {last_step - done} more steps")
+
+
+def evaluate_and_checkpoint(r, done, last_step):
+    """After step `done`: log the val loss every eval_interval steps and at max_steps;
+    save out_dir/ckpt.pt every ckpt_interval steps and at the last step of this call."""
+    C = r.C
+    if done % C.eval_interval == 0 or done == C.max_steps:
+        r.log.log(step=done, val_loss=eval_loop_losses(r.raw, r.val, C, r.rt, C.n_loops)[-1])
+    if done % C.ckpt_interval == 0 or done == last_step:
+        save_run_checkpoint(r, done)
+
+
+def save_run_checkpoint(r, steps_done):
+    """ckpt.pt (rank 0, atomic): weights, optimizer states, step, the config, the RNG
+    state and the training seconds so far: all that --init_from=resume needs."""
+    if not r.rt.master:
+        return
+    state = {"model": r.raw.state_dict(), "optimizer": [o.state_dict() for o in r.optimizers],
+             "step": steps_done, "model_args": r.model_args, "config": r.cfg, "rng": torch.get_rng_state(),
+             "wall_time": r.wall_before + time.time() - r.t_start}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    training.save_checkpoint(r.ckpt_path, state)
+
+
+def finish(r, nan_stop):
+    """After the loop: a run halted by --stop_step just says how to continue. A run
+    that ended (at max_steps, or stopped by a NaN) gets summary.json, its figures
+    and, on byte data with --sample_tokens, a sample. Returns the summary (None when halted)."""
+    C, rt = r.C, r.rt
+    if nan_stop is None and C.stop_step > 0 and C.stop_step < C.max_steps:
+        r.say(f"stopped at step {C.stop_step} (--stop_step); continue with --init_from=resume")
         training.release_out_dir(C.out_dir)
         return None
-    summary = summarize(raw, val, C, rt, is_bytes, unigram_entropy(train, vocab), nan_stop,
-                        wall_before + time.time() - t_start, ref_loss)
+    summary = summarize(r.raw, r.val, C, rt, r.is_bytes, unigram_entropy(r.train, r.vocab), nan_stop,
+                        r.wall_before + time.time() - r.t_start, r.ref_loss)
     if rt.ddp:
-        summary["ddp_replicas_identical"] = replicas_identical(raw)
-    log.summary(summary)
+        summary["ddp_replicas_identical"] = replicas_identical(r.raw)
+    r.log.summary(summary)
     if rt.master:
-        say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
-        if is_bytes and C.sample_tokens and nan_stop is None:
+        r.say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        if r.is_bytes and C.sample_tokens and nan_stop is None:
             prompt = torch.tensor([list(b"The ")], device=rt.device)
-            out = raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()
-            say(bytes(out).decode("utf-8", errors="replace"))
+            out = r.raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()
+            r.say(bytes(out).decode("utf-8", errors="replace"))
         plot_runs([C.out_dir], C.out_dir, quiet=True)
     if rt.ddp:
         dist.destroy_process_group()

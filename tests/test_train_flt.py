@@ -302,6 +302,25 @@ def test_listops_loss_and_accuracy_read_only_the_answer():
     assert math.isclose(acc[-1], want) and len(losses) == 2
 
 
+def test_listops_evaluator_follows_the_listops_semantics():
+    """MIN, MAX, MED = int of the median (of an even count: the middle two's mean,
+    truncated), SM = sum mod 10, nested to any depth."""
+    cases = {"[MIN 7 3 8 ]": 3, "[MAX 0 4 ]": 4, "[MED 2 9 4 ]": 4, "[MED 3 6 ]": 4, "[MED 0 1 8 9 ]": 4,
+             "[SM 8 8 8 ]": 4, "[SM [MAX 5 6 ] [MIN 9 7 ] ]": 3, "[MED [SM 9 2 ] [MAX 1 ] 5 ]": 1, "0": 0}
+    assert {e: corpora.listops_value(e.split()) for e in cases} == cases
+
+
+def test_listops_evaluator_agrees_with_the_lra_loader_and_rejects_broken_expressions():
+    import data_lra
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        tokens = corpora.listops_expression(rng, 4)
+        assert corpora.listops_value(tokens) == data_lra.listops_value(tokens)
+    for broken in ("[MAX 2 9", "2 3", "]", "[MAX ]", "[FOO 1 ]", ""):
+        with pytest.raises(ValueError):
+            corpora.listops_value(broken.split())
+
+
 def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):
     s = train_flt.main(["--data=listops", f"--out_dir={tmp_path}/l", "--listops_examples=300", "--block_size=64",
                         *TINY[:3], "--batch_size=4", "--n_loops=2", "--max_steps=3", "--eval_batches=2"])
