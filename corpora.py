@@ -11,7 +11,8 @@ arrays (train, val) that get_batch draws from:
 
 Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_value
 (the evaluator), listops_expression, listops_corpus, load_data (the switch),
-get_batch, unigram_entropy (the context-free loss).
+get_batch (training batches), eval_set (the fixed eval set), unigram_entropy (the
+context-free loss).
 """
 
 import ast
@@ -162,10 +163,12 @@ def listops_corpus(n, depth, block_size, seed=0):
 
 
 def load_data(C):
-    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR."""
+    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR.
+    ListOps: one corpus of distinct expressions (fixed seed, whatever the run's seed),
+    the first C.listops_val held out for val, the next C.listops_examples for training."""
     if C.data == "listops":
-        rows = listops_corpus(C.listops_examples + 2000, C.listops_depth, C.block_size)
-        return rows[2000:], rows[:2000], 256, False
+        rows = listops_corpus(C.listops_examples + C.listops_val, C.listops_depth, C.block_size)
+        return rows[C.listops_val:], rows[:C.listops_val], 256, False
     if C.data == "stdlib":
         train, val = prepare_stdlib(C.data_dir)
         return train, val, 256, True
@@ -193,12 +196,12 @@ def load_data(C):
                             f"or a folder holding train.bin and val.bin")
 
 
-def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
-    """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
-    by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
-    the same call always gives the same batch, which makes resume exact. ListOps
-    data (n, 2, block_size) gives C.batch_size of its rows instead."""
-    rng = np.random.default_rng([C.seed, step, micro, rank, stream])
+def get_batch(data, C, step, micro=0, rank=0, device="cpu"):
+    """A training batch (x, y) of C.batch_size windows of C.block_size tokens (y = x
+    shifted by one), drawn by a generator seeded with (seed, step, micro, rank): the
+    same call always gives the same batch, which makes resume exact. ListOps data
+    (n, 2, block_size) gives C.batch_size of its rows instead."""
+    rng = np.random.default_rng([C.seed, step, micro, rank])
     if data.ndim == 3:
         xy = torch.from_numpy(data[rng.integers(0, len(data), size=C.batch_size)])
         return xy[:, 0].to(device), xy[:, 1].to(device)
@@ -208,6 +211,20 @@ def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
+
+
+def eval_set(val, C):
+    """The fixed eval set (x, y), tensors (N, block_size): a function of the val split
+    and the flags below only, never of the seed, so every seed and variant of a corpus
+    is scored on the same text. ListOps: every held-out expression (all N =
+    --listops_val of them, each once). A byte or token stream: N = C.eval_batches *
+    C.batch_size windows starting at evenly spaced offsets over the whole val split."""
+    if val.ndim == 3:
+        xy = torch.from_numpy(np.asarray(val))
+        return xy[:, 0], xy[:, 1]
+    starts = np.linspace(0, len(val) - C.block_size - 1, C.eval_batches * C.batch_size).round().astype(np.int64)
+    xy = torch.from_numpy(np.stack([np.asarray(val[i:i + C.block_size + 1], dtype=np.int64) for i in starts]))
+    return xy[:, :-1], xy[:, 1:]
 
 
 def unigram_entropy(data, vocab):

@@ -1,9 +1,9 @@
 """
 Train a looped Transformer language model (looped.py) and record the stability
 diagnostics of "Simply Stabilizing the Loop via a Fully Looped Transformer":
-loss, gradient norms (total, per block, and of each block's output per loop),
-the per-loop residual norm and its peak, gradient oscillation, collapse, and
-the test-time loop curve.
+loss, gradient norms (total, per block, and of each block's, attention's and
+MLP's output per loop), the per-loop residual norm and its peak, gradient
+volatility and oscillation, collapse, and the test-time loop curve.
 
   python train_flt.py --variant=FLT --n_loops=12 --n_layer=2     # byte LM on stdlib docstrings
   python train_flt.py --optim=adamw ...                          # a plain AdamW baseline recipe instead
@@ -12,7 +12,8 @@ the test-time loop curve.
   python train_flt.py --data=data/owt --vocab_size=50304         # nanoGPT train.bin/val.bin (uint16)
   torchrun --standalone --nproc_per_node=2 train_flt.py ...      # DDP (gloo on CPU, nccl on GPU)
   python train_flt.py --init_from=resume --out_dir=out/flt       # continue exactly where it stopped
-  python train_flt.py --compare=out/a,out/b --out_dir=assets     # figures from finished runs
+  python train_flt.py --compare=out/a,out/b --out_dir=assets     # figures and tables from finished runs
+  python train_flt.py --evaluate=out/flt --test_loops=24         # the test-time loop curve of a checkpoint
   python train_flt.py --help                                     # every key and its default
 
 The recipe (--optim=muon, the default) is the authors' (FuRuF-11/FullyLoopedTransformer,
@@ -25,20 +26,35 @@ a plain AdamW baseline (RECIPES["adamw"]: AdamW 3e-3 on everything, weight decay
 0.1, 40 warmup steps then cosine, no QK-norm, no softcap, zero lm head). Either
 recipe's values give way to a flag given on the command line.
 
+The shape of the authors' run.sh (6 layers looped 12 times, width 64 * 6 = 384, head
+dimension 128, so 3 heads; sequence 1024; 524,288 tokens a step on 8 GPUs):
+  torchrun --standalone --nproc_per_node=8 train_flt.py --data=data/fineweb_edu --vocab_size=50304 \
+      --variant=FLT --n_loops=12 --n_layer=6 --n_embd=384 --n_head=3 --block_size=1024 \
+      --batch_size=8 --grad_accum=8 --max_steps=1878 --compile=True   # 20 tokens per parameter
+
 Every run writes into out_dir: config.json; log.jsonl (one record per step:
-loss, lr, grad_norm, block_grad_norms, residual_norms, out_grad_norms; and
-val_loss records); summary.json (the fields listed in summarize()); ckpt.pt; the
-figures and table of flt_report.py.
+loss, lr, grad_norm, block_grad_norms, residual_norms, and the per-(loop, block)
+gradient norms out_grad_norms, attn_grad_norms, mlp_grad_norms; and, every
+eval_interval steps, val_loss (and val_accuracy on ListOps) on the fixed eval set);
+summary.json (the fields listed in summarize()); ckpt.pt; the figures and tables
+of flt_report.py.
 
 Definitions used in log.jsonl and summary.json:
-  grad_osc      std over steps t = 0..N-2 (N = osc_steps, or fewer if the run is
+  eval set      one fixed set per corpus, the same for every seed and variant
+                (corpora.eval_set): ListOps, every one of the --listops_val held-out
+                expressions; a byte or token stream, eval_batches * batch_size
+                windows at evenly spaced offsets over the val split.
+  grad_volatility  std over steps t = 0..N-2 (N = osc_steps, or fewer if the run is
                 shorter) of  log g_{t+1} - log g_t,  g_t = total gradient L2 norm
-                at step t BEFORE clipping. Mostly minibatch noise at small batches.
-  grad_zigzag   -(lag-1 autocorrelation) of log g_t minus its centred 5-step mean,
-                over the same N steps (grad_zigzag()): 0.3 for independent
-                minibatch noise, towards 1 for a real step-to-step zig-zag.
-  out_grad_norms  per step, n_loops lists of n_layer numbers: ||dL/dx||_2 of the
-                output x of block i in loop t (BlockGradRecorder).
+                at step t BEFORE clipping: how much the norm moves per step, noise
+                included (grad_osc: the same number, under its former name).
+  grad_dlog_ac1, grad_zigzag  two tests of oscillation over the same N steps, which
+                tell a step-to-step zig-zag from noise (flt_report.py): -0.5 and
+                0.3 for independent noise, -1 and towards 1 for a zig-zag.
+  out_grad_norms, attn_grad_norms, mlp_grad_norms  per step, n_loops lists of
+                n_layer numbers: ||dL/dy||_2 of the output y of block i in loop t,
+                of its attention and of its MLP (BlockGradRecorder; the authors'
+                base_check.py logs the same three).
   residual norm mean over tokens of ||x_L^(t)||_2, the residual stream after the
                 last block of loop t, before the final norm; one number per loop;
                 residual_norm_peak / _peak_step: its maximum over training, per
@@ -48,14 +64,20 @@ Definitions used in log.jsonl and summary.json:
                 loss over the last 10% of steps (at least the last one) is
                 >= 0.95 * H_unigram, the entropy (nats/token) of the training
                 data's unigram distribution, the loss of a model that ignores context.
-  collapse      with --reference=DIR (a finished 1-loop run, same data, recipe, lr
-                and budget): kept = (H_unigram - val loss) / (H_unigram - reference
-                val loss); "no" within 0.05 nats of the reference, else "collapse"
-                if kept < 0.5, "partial" if < 0.9, else "no" (collapse_verdict()).
-                A slow learner is compared with an equally slow reference.
-  test-time loop curve  val loss (last-loop cross-entropy) of the trained model
-                read after 1, 2, ..., test_loops inference loops (default 2K);
-                for ListOps also the exact-match accuracy of the answers per loop.
+  collapse      with --reference=DIR (a finished 1-loop run, same data, recipe, lr,
+                budget and eval set): the rule on the whole val curve against the
+                reference's at the same steps (flt_report.collapse_verdict):
+                collapsed (never learned, back at the unigram level, or lost what
+                it learned), lagging (behind at the end; still improving or
+                stalled), or none; collapse_kept = (H_unigram - val loss) /
+                (H_unigram - reference val loss) at the last step.
+  test-time loop curve  the trained model read after 1, 2, ..., test_loops inference
+                loops (default max(2K, 12), so it covers the authors' budgets 1, 3,
+                6, 9, 12 and 2K), on the eval set: per loop the val loss, the mean
+                hidden (residual) norm, the mean entropy of the output distribution
+                (the authors' wiki_ppl.py --check-norms / --check-logits), and for
+                ListOps the exact-match accuracy of the answers.
+                --evaluate=DIR prints the same curve for a finished run's ckpt.pt.
 The batches are a pure function of (seed, step, micro-step, rank), so a resumed
 run draws exactly the batches the uninterrupted run would have drawn.
 
@@ -82,11 +104,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 import training
-from corpora import get_batch, load_data, unigram_entropy
-from flt_report import plot_runs
+from corpora import eval_set, get_batch, load_data, unigram_entropy
+from flt_report import collapse_verdict, grad_dlog_ac1, grad_volatility, grad_zigzag, plot_runs
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
@@ -100,7 +123,8 @@ DEFAULTS = dict(
                              # and their values, loss on the answers), a text file (bytes), or a folder with
                              # train.bin/val.bin (uint16 ids)
     listops_depth=3,         # listops only: nesting depth of the expressions
-    listops_examples=20000,  # listops only: distinct training expressions (plus 2,000 for val)
+    listops_examples=20000,  # listops only: distinct training expressions
+    listops_val=2000,        # listops only: distinct held-out expressions, all of them the eval set
     data_dir="data/stdlib_docstrings",   # where the stdlib corpus is cached
     vocab_size=256,          # only for train.bin/val.bin folders; byte data always uses 256
     # model (looped.py)
@@ -127,10 +151,12 @@ DEFAULTS = dict(
     lm_head_std=1e-3,        # model: lm head init std; 0 = zero
     grad_clip=1.0,           # 0 = no clipping
     # evaluation, diagnostics, checkpoints
-    eval_interval=100, eval_batches=20,
-    osc_steps=200,           # N of the gradient-oscillation statistics
+    eval_interval=100,       # val loss on the eval set every this many steps (the curve the collapse rule reads)
+    eval_batches=20,         # byte/token data: the eval set is eval_batches * batch_size fixed windows
+    osc_steps=200,           # N of the gradient volatility and oscillation statistics
     reference="",            # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
-    test_loops=0,            # the test-time loop curve goes to this many loops (0 = 2 * n_loops; at least n_loops)
+    test_loops=0,            # the test-time loop curve goes to this many loops (0 = max(2 * n_loops, 12);
+                             # at least n_loops)
     ckpt_interval=200,
     init_from="scratch",     # scratch or resume (from out_dir/ckpt.pt)
     stop_step=0,             # stop after this many steps (checkpointed), keeping the schedule of max_steps;
@@ -143,6 +169,7 @@ DEFAULTS = dict(
     compile=False,           # torch.compile the model
     compare="",              # DIR1,DIR2,...: draw the comparison figures of finished runs into out_dir and exit
                              # (flt_report.py)
+    evaluate="",             # DIR: print the test-time loop curve of the run in DIR (its ckpt.pt) and exit
     overwrite=False,         # replace the results of an earlier run in out_dir
     debug=False,             # show the traceback of a user error
 )
@@ -157,11 +184,7 @@ RECIPES = {
                   qk_norm=False, softcap=0.0, lm_head_std=0.0),
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
-
-# get_batch draws each batch from a generator seeded with (seed, step, micro, rank, stream):
-# training batches use stream 0 and val batches stream 1, so a val batch is never the
-# training batch of the step with the same number.
-TRAIN_STREAM, VAL_STREAM = 0, 1
+EVAL_CHUNK = 256                    # eval-set windows per forward pass (memory, not results)
 
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
                "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
@@ -173,7 +196,7 @@ def get_config(argv):
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
     cfg = training.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
-    return cfg if cfg["compare"] else check_config(cfg, training.given_keys(argv))
+    return cfg if cfg["compare"] or cfg["evaluate"] else check_config(cfg, training.given_keys(argv))
 
 
 def check_config(cfg, explicit):
@@ -187,7 +210,7 @@ def check_config(cfg, explicit):
     training.check_ranges(cfg, positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult", "block_size",
                                          "batch_size", "grad_accum", "max_steps", "lr", "embedding_lr",
                                          "unembedding_lr", "lr_mult", "adam_eps", "eval_interval",
-                                         "eval_batches", "ckpt_interval", "vocab_size"),
+                                         "eval_batches", "ckpt_interval", "vocab_size", "listops_val"),
                           nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
                                        "sample_tokens", "min_lr_frac", "softcap", "lm_head_std"),
                           fractions=("beta1", "beta2", "warmdown_frac"))
@@ -200,9 +223,12 @@ def check_config(cfg, explicit):
     for key in set(explicit) & {"embedding_lr", "unembedding_lr"}:
         if cfg["optim"] != "muon":
             raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={cfg['optim']} --lr sets every lr")
-    for key in set(explicit) & {"listops_depth", "listops_examples"}:
+    for key in set(explicit) & {"listops_depth", "listops_examples", "listops_val"}:
         if data != "listops":
             raise ValueError(f"--{key} applies only to --data=listops; leave it out")
+    if "eval_batches" in explicit and data == "listops":
+        raise ValueError("--eval_batches sizes the eval set of byte or token data; ListOps is scored on all "
+                         "--listops_val held-out expressions; leave it out")
     if "data_dir" in explicit and data != "stdlib":
         raise ValueError(f"--data_dir is where the stdlib corpus is cached; it does not apply to --data={data}; "
                          "leave it out")
@@ -210,24 +236,32 @@ def check_config(cfg, explicit):
 
 
 @torch.no_grad()
-def eval_loop_losses(model, val, C, rt, n_loops, accuracy=False):
-    """Mean val cross-entropy of every loop's logits, a list of n_loops numbers, on a
-    fixed set of C.eval_batches batches (the same ones at every evaluation). With
-    accuracy=True also, per loop, the share of targets (not -1) that are the argmax
-    of the logits: for ListOps, the exact-match accuracy of the answers."""
+def evaluate(model, eval_xy, n_loops, rt):
+    """The model read after every loop t = 1..n_loops on the fixed eval set (x, y)
+    (corpora.eval_set), as lists of n_loops floats:
+      loss           mean cross-entropy of loop t's logits over the scored positions
+                     (targets >= 0); at t = K, the val loss
+      accuracy       share of scored positions whose argmax is the target (ListOps:
+                     the exact-match accuracy of the answers)
+      logit_entropy  mean entropy (nats) of loop t's output distribution, scored positions
+      hidden_norm    mean token L2 norm of x_L^(t), the residual stream before the
+                     final norm, over every position (as the training log's residual_norms)"""
     model.eval()
-    total, right, count = torch.zeros(n_loops), torch.zeros(n_loops), 0
-    for i in range(C.eval_batches):
-        x, y = get_batch(val, C, step=i, stream=VAL_STREAM, device=rt.device)
+    sums = {k: torch.zeros(n_loops, dtype=torch.float64) for k in ("loss", "accuracy", "logit_entropy", "hidden_norm")}
+    n_scored = n_tokens = 0
+    for i in range(0, len(eval_xy[0]), EVAL_CHUNK):
+        x, y = (t[i:i + EVAL_CHUNK].to(rt.device) for t in eval_xy)
+        scored = y >= 0
         with rt.autocast():
-            total += model.loop_losses(x, y, n_loops).float().cpu()
-            if accuracy:
-                for t, (h, _) in enumerate(model.loops(x, n_loops)):
-                    right[t] += (model.logits(h).argmax(-1) == y)[y >= 0].sum().item()
-                count += (y >= 0).sum().item()
+            for t, (h, x_L) in enumerate(model.loops(x, n_loops)):
+                logp = F.log_softmax(model.logits(h)[scored], dim=-1)
+                sums["loss"][t] += F.nll_loss(logp, y[scored], reduction="sum").item()
+                sums["accuracy"][t] += (logp.argmax(-1) == y[scored]).sum().item()
+                sums["logit_entropy"][t] += -(logp.exp() * logp).sum().item()
+                sums["hidden_norm"][t] += x_L.float().norm(dim=-1).sum().item()
+        n_scored, n_tokens = n_scored + scored.sum().item(), n_tokens + y.numel()
     model.train()
-    losses = (total / C.eval_batches).tolist()
-    return (losses, (right / max(count, 1)).tolist()) if accuracy else losses
+    return {k: (v / (n_tokens if k == "hidden_norm" else max(n_scored, 1))).tolist() for k, v in sums.items()}
 
 
 # --- the recipe's schedules and the diagnostics ---------------------------------
@@ -252,87 +286,70 @@ def muon_momentum(it):
 
 
 class BlockGradRecorder:
-    """The gradient norm of each block's OUTPUT per (loop, block), as the authors'
-    base_check.py logs it: a forward hook on every block registers, on the output
-    x of block i in loop t (blocks run in loop order, so the call count gives t), a
-    tensor hook that stores ||dL/dx||_2 over the whole micro-batch. norms() gives a
-    list of n_loops lists of n_layer numbers, averaged over micro-batches; this
-    rank's gradients (before any DDP averaging). Forwards without grad are skipped;
-    with --compile nothing is recorded (enabled=False; the hooks would break the graph)."""
+    """The gradient norm of three outputs per (loop, block), as the authors'
+    base_check.py logs them: the block's output ("out"), its attention's ("attn")
+    and its MLP's ("mlp"). A forward hook on each of these modules registers, on
+    the output y of its call in loop t (a module runs once per loop, so its call
+    count gives t), a tensor hook that adds ||dL/dy||_2 over the whole micro-batch.
+    norms() gives, per kind, n_loops lists of n_layer numbers averaged over the
+    micro-batches; this rank's gradients (before any DDP averaging). Forwards
+    without grad are skipped; with --compile nothing is recorded (enabled=False;
+    the hooks would break the graph)."""
+
+    KINDS = ("out", "attn", "mlp")
 
     def __init__(self, blocks, enabled=True):
-        self.calls, self.sums, self.enabled = 0, None, enabled
+        self.sums, self.enabled = None, enabled
         for i, block in enumerate(blocks):
-            block.register_forward_hook(lambda m, args, out, i=i: self._forward(i, out))
+            for kind, module in zip(self.KINDS, (block, block.attn, block.mlp)):
+                module.register_forward_hook(lambda m, args, out, key=(kind, i): self._forward(key, out))
 
     def start(self, n_loops, n_layer):          # before each step
-        self.n_layer, self.sums = n_layer, np.zeros((n_loops, n_layer)) if self.enabled else None
+        self.sums = {k: np.zeros((n_loops, n_layer)) for k in self.KINDS} if self.enabled else None
 
     def next_micro(self):                      # before each micro-batch's forward
-        self.calls = 0
+        self.calls = {}
 
-    def _forward(self, i, out):
+    def _forward(self, key, out):
         if self.sums is None or not (torch.is_grad_enabled() and out.requires_grad):
             return
-        t = self.calls // self.n_layer
-        self.calls += 1
-        if t < len(self.sums):
-            out.register_hook(lambda g, t=t: self.sums.__setitem__((t, i), self.sums[t, i] + g.norm().item()))
+        kind, i = key
+        t = self.calls.get(key, 0)
+        self.calls[key] = t + 1
+        if t < len(self.sums[kind]):
+            out.register_hook(lambda g: self._add(kind, t, i, g))
+
+    def _add(self, kind, t, i, g):
+        self.sums[kind][t, i] += g.norm().item()
 
     def norms(self, n_micro):
-        return [] if self.sums is None else [[round(v / n_micro, 6) for v in row] for row in self.sums]
+        """{kind: n_loops lists of n_layer numbers}; {} when nothing is recorded."""
+        if self.sums is None:
+            return {}
+        return {k: [[round(v / n_micro, 6) for v in row] for row in self.sums[k]] for k in self.KINDS}
 
 
-def grad_zigzag(g):
-    """-rho_1 of r, where r_t = log g_t - mean(log g_{t-2..t+2}) (the trace minus its
-    centred 5-step running mean, over steps with a full window) and rho_1 is the
-    lag-1 autocorrelation. Minibatch noise, independent from step to step around a
-    slow trend, gives 0.3 (exactly, for i.i.d. noise: the running mean shares
-    each point with its neighbours); a zig-zag (up, down, up, ...) gives close to 1; slow swings over
-    many steps give less than noise. NaN under 8 steps."""
-    x = np.log(np.maximum(np.asarray(g, dtype=float), 1e-30))
-    if len(x) < 8:
-        return float("nan")
-    r = x[2:-2] - np.convolve(x, np.ones(5) / 5, mode="valid")
-    r = r - r.mean()
-    return float(-(r[:-1] * r[1:]).sum() / max((r * r).sum(), 1e-30))
-
-
-def collapse_verdict(loss, ref_loss, h_unigram, margin=0.05):
-    """The collapse rule, relative to a 1-loop reference run at the same lr and budget:
-    kept = (H - loss) / (H - ref_loss), the share of what the 1-loop model learned
-    beyond the context-free level H (the unigram entropy) that this run also learned.
-    "no" if loss <= ref_loss + margin (0.05 nats, about the seed-to-seed spread);
-    otherwise "collapse" if kept < 0.5, "partial" if kept < 0.9, else "no". A slow
-    learner is judged against a reference that is just as slow, so it is not called
-    collapse. "undetermined" if the reference ended less than margin below H.
-    Returns (verdict, kept)."""
-    if not math.isfinite(loss):
-        return "nan", float("nan")
-    if h_unigram - ref_loss < margin:
-        return "undetermined", float("nan")
-    kept = (h_unigram - loss) / (h_unigram - ref_loss)
-    if loss <= ref_loss + margin:
-        return "no", kept
-    return ("collapse" if kept < 0.5 else "partial" if kept < 0.9 else "no"), kept
-
-
-def reference_loss(C):
-    """The final val loss of the 1-loop reference run in C.reference, after checking
-    that it was trained like this run (data, recipe, lr, budget) with one loop."""
+def reference_curve(C):
+    """The val curve {step: val loss} of the finished 1-loop reference run in
+    C.reference, after checking that it was trained and evaluated like this run:
+    one loop, same data, recipe, lr, budget, sizes and eval set."""
     try:
         with open(os.path.join(C.reference, "config.json")) as f:
             ref = json.load(f)
         with open(os.path.join(C.reference, "summary.json")) as f:
-            loss = json.load(f)["final_val_loss"]
-    except (OSError, ValueError, KeyError) as e:
+            finished = "final_val_loss" in json.load(f)
+        records = training.read_log(C.reference)
+    except (OSError, ValueError) as e:
         raise FileNotFoundError(f"--reference={C.reference} is not a finished run folder ({e})") from None
-    differ = [k for k in ("data", "optim", "lr", "lr_mult", "max_steps", "batch_size", "block_size", "n_layer",
-                          "n_embd") if ref.get(k) != getattr(C, k)]
+    if not finished:
+        raise FileNotFoundError(f"--reference={C.reference}: its summary.json has no final_val_loss")
+    keys = ["data", "optim", "lr", "lr_mult", "max_steps", "batch_size", "block_size", "n_layer", "n_embd",
+            "eval_interval"] + (["listops_val", "listops_depth"] if C.data == "listops" else ["eval_batches"])
+    differ = [k for k in keys if ref.get(k) != getattr(C, k)]
     if ref.get("n_loops") != 1 or differ:
         raise ValueError(f"--reference={C.reference} must be a 1-loop run trained like this one; it has "
                          f"n_loops={ref.get('n_loops')}" + (f" and differs in {differ}" if differ else ""))
-    return loss
+    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
 
 
 # --- the run: set up, train, finish -------------------------------------------------------
@@ -342,6 +359,8 @@ def main(argv=None):
     cfg = get_config(argv)
     if cfg["compare"]:
         return plot_runs(cfg["compare"].split(","), cfg["out_dir"])
+    if cfg["evaluate"]:
+        return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
     run = setup_run(cfg, argv)
     nan_stop = train(run)
     return finish(run, nan_stop)
@@ -366,7 +385,8 @@ class Run:
     ckpt_path: str
     log: training.RunLog
     say: object                 # print on rank 0 (through tqdm), silent elsewhere
-    ref_loss: float = None      # the 1-loop reference's final val loss (--reference)
+    eval_xy: tuple = None       # the fixed eval set (x, y) (corpora.eval_set)
+    ref_curve: dict = None      # the 1-loop reference's val curve {step: loss} (--reference)
     step: int = 0               # the step this call starts from (the checkpoint's on resume)
     wall_before: float = 0.0    # training seconds spent before this call (resumed runs)
     t_start: float = 0.0        # when this call's training loop started
@@ -384,7 +404,7 @@ def setup_run(cfg, argv):
                       ffn_mult=C.ffn_mult, variant=C.variant, loss_type=C.loss_type, qk_norm=C.qk_norm,
                       softcap=C.softcap, lm_head_std=C.lm_head_std)
     LoopedConfig(**model_args)                       # refuses bad model flags before the data is read
-    ref_loss = reference_loss(C) if C.reference else None
+    ref_curve = reference_curve(C) if C.reference else None
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
     train, val, vocab, is_bytes = load_data_rank0_first(C, rt)
     raw = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
@@ -407,7 +427,7 @@ def setup_run(cfg, argv):
         f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {C.variant} x{C.n_loops} loops, "
         f"{raw.num_params():,} parameters" + (f"; resuming at step {step}" if step else ""))
     return Run(C, cfg, rt, raw, model, optimizers, base_lrs, train, val, vocab, is_bytes, model_args,
-               os.path.join(C.out_dir, "ckpt.pt"), log, say, ref_loss, step, wall_before)
+               os.path.join(C.out_dir, "ckpt.pt"), log, say, eval_set(val, C), ref_curve, step, wall_before)
 
 
 def resolve_config(cfg, argv):
@@ -482,7 +502,7 @@ def train(r):
         loss_sum, res_norms = 0.0, torch.zeros(C.n_loops, device=rt.device)
         recorder.start(C.n_loops, len(raw.blocks))
         for micro in range(C.grad_accum):
-            x, y = get_batch(r.train, C, it, micro, rt.rank, stream=TRAIN_STREAM, device=rt.device)
+            x, y = get_batch(r.train, C, it, micro, rt.rank, device=rt.device)
             recorder.next_micro()
             with grad_sync(r.model, rt, last_micro=micro == C.grad_accum - 1), rt.autocast():
                 _, loss, stats = r.model(x, y, return_stats=True)       # forward: loss on the chosen loops
@@ -502,7 +522,7 @@ def train(r):
         done = it + 1
         r.log.log(step=done, loss=loss_now, lr=C.lr * C.lr_mult * lr_multiplier(it, C), grad_norm=g_total,
                   block_grad_norms=block_norms, residual_norms=[round(v, 4) for v in res_norms.tolist()],
-                  out_grad_norms=recorder.norms(C.grad_accum))
+                  **{f"{k}_grad_norms": v for k, v in recorder.norms(C.grad_accum).items()})
         pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
         print_eta(r, done, last_step)
         evaluate_and_checkpoint(r, done, last_step)
@@ -559,7 +579,9 @@ def evaluate_and_checkpoint(r, done, last_step):
     save out_dir/ckpt.pt every ckpt_interval steps and at the last step of this call."""
     C = r.C
     if done % C.eval_interval == 0 or done == C.max_steps:
-        r.log.log(step=done, val_loss=eval_loop_losses(r.raw, r.val, C, r.rt, C.n_loops)[-1])
+        ev = evaluate(r.raw, r.eval_xy, C.n_loops, r.rt)
+        r.log.log(step=done, val_loss=ev["loss"][-1],
+                  **({"val_accuracy": ev["accuracy"][-1]} if C.data == "listops" else {}))
     if done % C.ckpt_interval == 0 or done == last_step:
         save_run_checkpoint(r, done)
 
@@ -586,8 +608,7 @@ def finish(r, nan_stop):
         r.say(f"stopped at step {C.stop_step} (--stop_step); continue with --init_from=resume")
         training.release_out_dir(C.out_dir)
         return None
-    summary = summarize(r.raw, r.val, C, rt, r.is_bytes, unigram_entropy(r.train, r.vocab), nan_stop,
-                        r.wall_before + time.time() - r.t_start, r.ref_loss)
+    summary = summarize(r, nan_stop, r.wall_before + time.time() - r.t_start)
     if rt.ddp:
         summary["ddp_replicas_identical"] = replicas_identical(r.raw)
     r.log.summary(summary)
@@ -613,49 +634,99 @@ def replicas_identical(model):
     return bool(torch.equal(lo, hi))
 
 
-def summarize(model, val, C, rt, is_bytes, h_unigram, nan_stop, wall_time, ref_loss=None):
+def summarize(r, nan_stop, wall_time):
     """summary.json: what a table of runs needs, computed from log.jsonl (so a
-    resumed run is summarised over its whole history) and one final evaluation."""
+    resumed run is summarised over its whole history) and one final evaluation on
+    the eval set, read at 1..n_test inference loops (the test-time loop curve)."""
+    C, rt = r.C, r.rt
     records = training.read_log(C.out_dir) if rt.master else []
-    steps = [r for r in records if "loss" in r]
-    losses = [r["loss"] for r in steps]
-    g = np.array([r["grad_norm"] for r in steps[:C.osc_steps]])
-    dlog = np.diff(np.log(np.maximum(g, 1e-30)))
+    steps = [rec for rec in records if "loss" in rec]
+    val = {rec["step"]: rec["val_loss"] for rec in records if "val_loss" in rec}
     tail = steps[len(steps) - max(1, len(steps) // 10):]
-    final_train = float(np.mean([r["loss"] for r in tail])) if tail else float("nan")
-    res = np.array([r["residual_norms"] for r in steps]).reshape(len(steps), C.n_loops)
-    n_test = max(C.test_loops or 2 * C.n_loops, C.n_loops)
-    listops = C.data == "listops"
-    curve, acc = (eval_loop_losses(model, val, C, rt, n_test, accuracy=True) if listops else
-                  (eval_loop_losses(model, val, C, rt, n_test), [])) if nan_stop is None else ([], [])
+    final_train = float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan")
+    h_unigram = unigram_entropy(r.train, r.vocab)
+    n_test = max(C.test_loops or max(2 * C.n_loops, 12), C.n_loops)
+    curve = evaluate(r.raw, r.eval_xy, n_test, rt) if nan_stop is None else {}
     reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
     out = {
         "variant": C.variant, "n_loops": C.n_loops, "n_layer": C.n_layer, "n_embd": C.n_embd,
-        "loss_type": C.loss_type, "params": model.num_params(), "steps": len(steps),
+        "loss_type": C.loss_type, "params": r.raw.num_params(), "steps": len(steps),
         "final_train_loss": final_train,
-        "min_train_loss": float(min(losses)) if losses else float("nan"),
-        "final_val_loss": curve[C.n_loops - 1] if curve else float("nan"),
+        "min_train_loss": float(min(rec["loss"] for rec in steps)) if steps else float("nan"),
+        "final_val_loss": curve["loss"][C.n_loops - 1] if curve else float("nan"),
+        "val_steps": sorted(val), "val_curve": [val[k] for k in sorted(val)],
+        "eval_set_size": len(r.eval_xy[0]),
         "unigram_entropy": h_unigram,
-        "grad_osc": float(np.std(dlog)) if len(dlog) else float("nan"),
-        "grad_osc_steps": len(g), "grad_zigzag": grad_zigzag(g),
-        "max_grad_norm": float(g.max()) if len(g) else float("nan"),
-        "residual_norm_first": res[0].tolist() if len(res) else [],
-        "residual_norm_last": res[-1].tolist() if len(res) else [],
-        "residual_norm_peak": res.max(0).tolist() if len(res) else [],                   # per loop
-        "residual_norm_peak_step": [steps[i]["step"] for i in res.argmax(0)] if len(res) else [],
-        "max_residual_norm": float(res.max()) if len(res) else float("nan"),
+        **gradient_statistics([rec["grad_norm"] for rec in steps[:C.osc_steps]]),
+        **residual_statistics(steps, C.n_loops),
         "diverged": reason is not None, "diverged_reason": reason, "nan_step": nan_stop,
-        "test_loops": list(range(1, len(curve) + 1)), "test_val_loss": curve,
-        **({"final_val_accuracy": acc[C.n_loops - 1] if acc else float("nan"), "test_val_accuracy": acc}
-           if listops else {}),
+        "test_loops": list(range(1, len(curve.get("loss", [])) + 1)), "test_val_loss": curve.get("loss", []),
+        "test_hidden_norm": curve.get("hidden_norm", []), "test_logit_entropy": curve.get("logit_entropy", []),
+        **({"final_val_accuracy": curve["accuracy"][C.n_loops - 1] if curve else float("nan"),
+            "test_val_accuracy": curve.get("accuracy", [])} if C.data == "listops" else {}),
         "wall_time_s": round(wall_time, 1),
     }
-    if ref_loss is not None:
-        out["reference"], out["reference_val_loss"] = C.reference, ref_loss
-        out["collapse"], out["collapse_kept"] = collapse_verdict(out["final_val_loss"], ref_loss, h_unigram)
-    if is_bytes:
+    if r.ref_curve is not None:
+        out.update(collapse_fields(C.reference, val, r.ref_curve, out["final_val_loss"], h_unigram))
+    if r.is_bytes:
         out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
     return out
+
+
+def gradient_statistics(g):
+    """The summary's gradient fields from the first osc_steps total gradient norms g
+    (before clipping): volatility (also under its former name grad_osc), the two
+    oscillation tests, and the largest norm (flt_report.py defines the statistics)."""
+    vol = grad_volatility(g)
+    return {"grad_volatility": vol, "grad_osc": vol, "grad_dlog_ac1": grad_dlog_ac1(g),
+            "grad_zigzag": grad_zigzag(g), "grad_osc_steps": len(g),
+            "max_grad_norm": float(max(g)) if len(g) else float("nan")}
+
+
+def residual_statistics(steps, n_loops):
+    """The summary's residual-norm fields, per loop: at the first and last step, the
+    peak over training and the step of the peak; and the largest over loops and steps."""
+    if not steps:
+        return {"residual_norm_first": [], "residual_norm_last": [], "residual_norm_peak": [],
+                "residual_norm_peak_step": [], "max_residual_norm": float("nan")}
+    res = np.array([rec["residual_norms"] for rec in steps]).reshape(len(steps), n_loops)
+    return {"residual_norm_first": res[0].tolist(), "residual_norm_last": res[-1].tolist(),
+            "residual_norm_peak": res.max(0).tolist(),
+            "residual_norm_peak_step": [steps[i]["step"] for i in res.argmax(0)],
+            "max_residual_norm": float(res.max())}
+
+
+def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
+    """The summary's collapse fields: the rule on the run's val curve {step: loss}
+    against the reference's at the steps both have, and kept = (H - final loss) /
+    (H - the reference's final loss)."""
+    common = sorted(set(val) & set(ref_curve))
+    ref_final = ref_curve[max(ref_curve)]
+    verdict, why = collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
+                                    [ref_curve[k] for k in common], h_unigram)
+    kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
+    return {"reference": reference, "reference_val_loss": ref_final,
+            "reference_val_curve": [ref_curve[k] for k in common], "collapse": verdict,
+            "collapse_reason": why, "collapse_kept": kept}
+
+
+def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
+    """The test-time loop curve of a finished run, from its ckpt.pt and config:
+    evaluate() on the run's eval set at 1..test_loops loops (0 = max(2K, 12)).
+    Prints one line per loop count and returns the dict of lists. Writes nothing."""
+    ckpt = training.load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+    C = SimpleNamespace(**{**DEFAULTS, **ckpt["config"]})       # keys added since the run: their defaults
+    rt = training.setup_runtime(device, "float32", C.seed)
+    model = LoopedTransformer(LoopedConfig(**ckpt["model_args"])).to(rt.device)
+    training.load_state(model, ckpt["model"])
+    _, val, _, _ = load_data(C)
+    n_test = max(test_loops or max(2 * C.n_loops, 12), 1)
+    curve = evaluate(model, eval_set(val, C), n_test, rt)
+    print(f"{run_dir}: {C.variant} trained at K={C.n_loops}, step {ckpt['step']}; per inference loop count:")
+    for t in range(n_test):
+        print(f"  {t + 1:3d} loops: loss {curve['loss'][t]:.4f}  accuracy {curve['accuracy'][t]:.4f}  "
+              f"entropy {curve['logit_entropy'][t]:.4f}  hidden norm {curve['hidden_norm'][t]:.2f}")
+    return curve
 
 
 if __name__ == "__main__":
