@@ -27,6 +27,11 @@ from tqdm import tqdm
 
 import training
 
+# The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
+# shuffled, and the ListOps expressions drawn, with this seed, so every run trains on the
+# same split and is scored on the same held-out text.
+CORPUS_SEED = 0
+
 
 def stdlib_docstrings(root=None):
     """The docstrings of every module, class and function in the Python standard
@@ -58,15 +63,15 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 
 
 def prepare_stdlib(data_dir, root=None):
-    """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
-    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
+    """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
+    representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
     A sidecar stdlib.json holds the recipe version and each file's size and sha256;
     a cache that disagrees with it (truncated, edited, older) is rebuilt."""
     paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
     sidecar = os.path.join(data_dir, "stdlib.json")
     if not _stdlib_cache_ok(sidecar, paths):
         docs = stdlib_docstrings(root)
-        order = np.random.default_rng(0).permutation(len(docs))
+        order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
         raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
@@ -138,7 +143,7 @@ def listops_expression(rng, depth):
     return [ops[rng.integers(len(ops))], *sum(args, []), "]"]
 
 
-def listops_corpus(n, depth, block_size, seed=0):
+def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
     """n distinct expressions written as text, then '=', then their value, e.g.
     '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
     bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target

@@ -25,8 +25,10 @@ The figures and the table:
   flt_test_time_loops.png  val loss after 1, 2, ... inference loops (the test-time loop curve)
   flt_residual_norm.png    the residual norm of every loop over training, a panel per (variant, K)
   flt_map_<recipe>.png     the stability map: final val loss over K x lr multiplier, collapses marked
-  compare.md               the tables: one row per finished run, then the mean and spread over
-                           seeds per (recipe, variant, K, lr), then the test-time loop curve
+  compare.md               the tables: one row per finished run; then per (recipe, variant, K, lr),
+                           over seeds: the mean and spread, the gap to FLT paired by seed,
+                           the residual norm over training,
+                           the gradient reaching each loop, and the test-time loop curve
 
 A colour per variant throughout. Every run also draws its own figures at its end.
 Read top to bottom: the statistics, plot_runs, each figure in the order above, the tables.
@@ -166,8 +168,9 @@ def plot_runs(dirs, out_dir, quiet=False):
         draw_stability_map(plt, [r for r in runs if r.cfg.get("optim", "adamw") == optim and r.summary],
                            optim, variants, Ks, out_dir)
     rows = compare_table(runs)
-    tables = [rows, seed_table(runs)] + [test_time_table(runs, key, digits=d) for key, d in (
-        ("test_val_loss", 3), ("test_val_accuracy", 3), ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
+    tables = [rows, seed_table(runs), paired_table(runs), residual_table(runs), grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
+        test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
+                                                             ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
     with open(os.path.join(out_dir, "compare.md"), "w") as f:
         f.write("\n\n".join("\n".join(t) for t in tables) + "\n")
     if not quiet:
@@ -368,4 +371,53 @@ def test_time_table(runs, key="test_val_loss", loops=(1, 3, 6, 9, 12), digits=3)
                 if all(len(r.summary[key]) >= t for r in cell) else "-" for t in Ls]
         rows.append(f"| {optim}, lr x{lrm} | {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | "
                     + " | ".join(vals) + " |")
+    return rows
+
+
+def paired_table(runs, against="FLT"):
+    """A markdown row per (data, recipe, variant, K, lr) that has a run of `against` at
+    the same K and seed: the final val loss minus that run's, per seed (same eval set),
+    mean ± std. A gap inside its spread is not a separation."""
+    cells = by_cell(runs)
+    rows = [f"| data | recipe | variant | K | lr x | seeds | final val loss minus {against}'s (paired by seed) |",
+            "|---|---|---|---|---|---|---|"]
+    for (data, optim, variant, K, lrm), cell in cells.items():
+        other = {r.cfg.get("seed"): r.summary["final_val_loss"] for r in cells.get((data, optim, against, K, lrm), [])}
+        pairs = [(r.cfg.get("seed"), r.summary["final_val_loss"] - other[r.cfg.get("seed")])
+                 for r in cell if r.cfg.get("seed") in other]
+        if variant != against and pairs:
+            rows.append(f"| {os.path.basename(str(data))} | {optim} | {variant} | {K} | {lrm} "
+                        f"| {', '.join(str(p[0]) for p in pairs)} | {spread([p[1] for p in pairs])} |")
+    return rows
+
+
+def residual_table(runs, at_steps=(25, 50, 100, 150, 200, 250)):
+    """A markdown row per (data, recipe, variant, K, lr): the residual norm (the largest
+    over loops) at a few steps, mean over seeds, so growth over training reads apart
+    from an early explosion; then, per seed, the loop and step of the peak."""
+    rows = ["| data | variant | K | seeds | " + " | ".join(f"step {t}" for t in at_steps) + " | peak (loop, step) per seed |",
+            "|" + "---|" * (5 + len(at_steps))]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        per_step = [{x["step"]: max(x["residual_norms"]) for x in r.log if "residual_norms" in x} for r in cell]
+        cols = [f"{np.mean([p[t] for p in per_step]):.0f}" if all(t in p for p in per_step) else "-"
+                for t in at_steps]
+        rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | " + " | ".join(cols)
+                    + f" | {'; '.join(peak_residual(r.summary) for r in cell)} |")
+    return rows
+
+
+def grad_flow_table(runs, kind="out"):
+    """A markdown row per (data, recipe, variant, K, lr): the gradient norm of the
+    block outputs (kind "out"; "attn": the attention outputs) per loop, summed over the
+    blocks, averaged over the steps and the seeds: how much gradient reaches each loop.
+    (The MLP's output gradient equals the block's: the MLP is the block's last residual add.)"""
+    rows = [f"| data | variant | K | seeds | {kind} grad norm per loop, loop 1 ... K (x1e-3) | loop 1 / loop K |",
+            "|---|---|---|---|---|---|"]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        arr = [np.array([x[f"{kind}_grad_norms"] for x in r.log if x.get(f"{kind}_grad_norms")]) for r in cell]
+        if not all(len(a) for a in arr):
+            continue
+        per_loop = np.mean([a.sum(2).mean(0) for a in arr], axis=0)
+        rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | "
+                    f"{' '.join(f'{1e3 * v:.1f}' for v in per_loop)} | {per_loop[0] / max(per_loop[-1], 1e-30):.2g} |")
     return rows

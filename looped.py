@@ -2,10 +2,11 @@
 A looped Transformer language model with the two switches of "Simply Stabilizing
 the Loop via a Fully Looped Transformer" (FLT, 2026).
 
-A looped Transformer reuses one stack of n_layer blocks for n_loops loops. Plain
-looping collapses at 9-12 loops (loss back to the unigram level, the residual
-stream's norm exploding, oscillating gradients). FLT adds two parameter-free
-changes, here two booleans of one loop body:
+A looped Transformer reuses one stack of n_layer blocks for n_loops loops. The
+paper reports that plain looping collapses at 9-12 loops (loss back to the unigram
+level, the residual stream's norm exploding, oscillating gradients); train_flt.py
+measures whether it does here. FLT adds two parameter-free changes, here two
+booleans of one loop body:
 
   fla  Full-Loop Access: the previous loop's final state h = norm(x_L^(t-1))
        reaches EVERY layer of the next loop, not only its start.

@@ -171,6 +171,11 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png",
                 "flt_map_muon.png"):                                  # the stability map of the default recipe
         assert os.path.getsize(os.path.join(figs, png)) > 1000
+    tables = open(os.path.join(figs, "compare.md")).read()
+    for header in ("minus its reference (paired)", "minus FLT's (paired by seed)", "peak (loop, step) per seed",
+                   "out grad norm per loop", "attn grad norm per loop", "| test_val_loss |", "| test_hidden_norm |",
+                   "| test_logit_entropy |"):
+        assert header in tables
     with pytest.raises(FileNotFoundError, match="config.json"):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
 
@@ -441,3 +446,6 @@ def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
     assert "1.880 ± 0.020 (1.900, 1.860, 1.880)" in rows[2] and "0.023 ± 0.015" in rows[2]
     table = flt_report.test_time_table(runs)
     assert "| 12 loops |" in table[0] and table[2].count("1.880 ± 0.020") == 5
+    runs += [fake(1, "LT_i", 6, 1.91, 1.88), fake(3, "LT_i", 6, 1.86, 1.84)]
+    paired = flt_report.paired_table(runs)                 # seeds 1 and 3 have both: +0.010, -0.020
+    assert len(paired) == 3 and "| LT_i | 6 | 1.0 | 1, 3 | -0.005 ± 0.021 (0.010, -0.020) |" in paired[2]
