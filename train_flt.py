@@ -81,6 +81,12 @@ Definitions used in log.jsonl and summary.json:
 The batches are a pure function of (seed, step, micro-step, rank), so a resumed
 run draws exactly the batches the uninterrupted run would have drawn.
 
+Read top to bottom: DEFAULTS and RECIPES (the flags); get_config, check_config;
+evaluate (the model read loop by loop on the eval set); the schedules,
+BlockGradRecorder, reference_curve; then the run: main -> setup_run -> train (THE
+loop, the step in one screen, each guarantee a named helper below it) -> finish;
+summarize and its pieces; evaluate_checkpoint.
+
 Run folders: a run refuses an out_dir that holds another run's results
 (--overwrite=True replaces them) and writes nothing there until its flags, data
 and model have been checked. --init_from=resume continues the run in --out_dir,
