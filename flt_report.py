@@ -45,6 +45,7 @@ import training
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
 COLLAPSE_MARGIN = 0.05   # nats: a difference of val loss smaller than this is not read as a difference
+NEAR_SHARE = 0.2         # "near the unigram level": within this share of the reference's gain below it
 LOST_SHARE = 0.25        # a run that gave back more than this share of its best gain "lost what it learned"
 
 
@@ -95,13 +96,14 @@ def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
     """The collapse rule, on the whole val curve of a run (`losses`, at steps s_1..s_n)
     against the 1-loop reference run's curve at the same steps (`ref_losses`, same
     recipe, lr and budget, same eval set). H = h_unigram, the loss of a context-free
-    model. Returns (verdict, reason):
+    model; "near H" means within max(margin, NEAR_SHARE x the reference's gain
+    H - min(ref_losses)) of it. Returns (verdict, reason):
       nan           the run diverged (a loss that is not finite, or no curve)
       undetermined  the reference itself never came `margin` below H
-      collapsed     never learned: its best loss is within `margin` of H; or it ends
-                    within `margin` of H after having learned; or it lost what it
-                    learned: it ends more than max(margin, LOST_SHARE x its best
-                    gain H - min(losses)) above its own best
+      collapsed     never learned: its best loss stays near H; or it ends near H
+                    after having learned; or it lost what it learned: it ends more
+                    than max(margin, LOST_SHARE x its best gain H - min(losses))
+                    above its own best
       lagging       behind the reference at the last step by more than `margin`,
                     without having lost what it learned; the reason says whether it
                     is still improving (its last loss more than `margin` below the one
@@ -117,9 +119,10 @@ def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
     best, final = losses.min(), losses[-1]
     if h_unigram - ref.min() < margin:
         return "undetermined", "the reference never learned"
-    if h_unigram - best < margin:
+    near = max(margin, NEAR_SHARE * (h_unigram - ref.min()))
+    if h_unigram - best < near:
         return "collapsed", "never learned"
-    if h_unigram - final < margin:
+    if h_unigram - final < near:
         return "collapsed", "back at the unigram level"
     if final - best > max(margin, LOST_SHARE * (h_unigram - best)):
         return "collapsed", "lost what it learned"
@@ -136,7 +139,7 @@ def plot_runs(dirs, out_dir, quiet=False):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [load_run(d) for d in dirs]
+    runs = [rejudge(load_run(d)) for d in dirs]
     variants = list(dict.fromkeys(r.cfg["variant"] for r in runs))
     colour = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
     Ks = sorted(set(r.cfg["n_loops"] for r in runs))
@@ -189,6 +192,33 @@ def load_run(d):
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     return SimpleNamespace(dir=d, cfg=cfg, log=training.read_log(d), summary=summary)
+
+
+def rejudge(r):
+    """The run with its collapse fields recomputed by collapse_verdict as it stands,
+    from the val curves in its log.jsonl and its reference's (the rule reads files
+    only, so a run judged by an earlier rule is judged again); unchanged when the
+    run has no reference or its folder is gone."""
+    ref_dir = r.summary.get("reference")
+    if not ref_dir or not os.path.exists(os.path.join(ref_dir, "log.jsonl")):
+        return r
+    r.summary["collapse"], r.summary["collapse_reason"] = judge_curves(
+        val_curve(r.log), val_curve(training.read_log(ref_dir)), r.summary["final_val_loss"],
+        r.summary["unigram_entropy"])
+    return r
+
+
+def val_curve(records):
+    """{step: val loss} from a run's log records."""
+    return {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
+
+
+def judge_curves(val, ref, final_loss, h_unigram):
+    """collapse_verdict on two val curves {step: loss} at the steps both have; a run
+    whose final loss is not finite diverged."""
+    common = sorted(set(val) & set(ref))
+    return collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
+                            [ref[k] for k in common], h_unigram)
 
 
 def save(fig, plt, out_dir, name, dpi):

@@ -115,7 +115,7 @@ from tqdm import tqdm
 
 import training
 from corpora import eval_set, get_batch, load_data, unigram_entropy
-from flt_report import collapse_verdict, grad_dlog_ac1, grad_volatility, grad_zigzag, plot_runs
+from flt_report import grad_dlog_ac1, grad_volatility, grad_zigzag, judge_curves, plot_runs, val_curve
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 
 # -----------------------------------------------------------------------------
@@ -355,7 +355,7 @@ def reference_curve(C):
     if ref.get("n_loops") != 1 or differ:
         raise ValueError(f"--reference={C.reference} must be a 1-loop run trained like this one; it has "
                          f"n_loops={ref.get('n_loops')}" + (f" and differs in {differ}" if differ else ""))
-    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+    return val_curve(records)
 
 
 # --- the run: set up, train, finish -------------------------------------------------------
@@ -647,7 +647,7 @@ def summarize(r, nan_stop, wall_time):
     C, rt = r.C, r.rt
     records = training.read_log(C.out_dir) if rt.master else []
     steps = [rec for rec in records if "loss" in rec]
-    val = {rec["step"]: rec["val_loss"] for rec in records if "val_loss" in rec}
+    val = val_curve(records)
     tail = steps[len(steps) - max(1, len(steps) // 10):]
     final_train = float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan")
     h_unigram = unigram_entropy(r.train, r.vocab)
@@ -706,14 +706,12 @@ def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
     """The summary's collapse fields: the rule on the run's val curve {step: loss}
     against the reference's at the steps both have, and kept = (H - final loss) /
     (H - the reference's final loss)."""
-    common = sorted(set(val) & set(ref_curve))
     ref_final = ref_curve[max(ref_curve)]
-    verdict, why = collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
-                                    [ref_curve[k] for k in common], h_unigram)
+    verdict, why = judge_curves(val, ref_curve, final_loss, h_unigram)
     kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
     return {"reference": reference, "reference_val_loss": ref_final,
-            "reference_val_curve": [ref_curve[k] for k in common], "collapse": verdict,
-            "collapse_reason": why, "collapse_kept": kept}
+            "reference_val_curve": [ref_curve[k] for k in sorted(set(val) & set(ref_curve))],
+            "collapse": verdict, "collapse_reason": why, "collapse_kept": kept}
 
 
 def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
