@@ -9,8 +9,10 @@ arrays (train, val) that get_batch draws from:
   a text file its bytes, 90% train / 10% val
   a folder    nanoGPT-style train.bin / val.bin of uint16 token ids
 
-Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_corpus,
-load_data (the switch), get_batch, unigram_entropy (the context-free loss).
+Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_value
+(the evaluator), listops_expression, listops_corpus, load_data (the switch),
+get_batch (training batches), eval_set (the fixed eval set), unigram_entropy (the
+context-free loss).
 """
 
 import ast
@@ -24,7 +26,11 @@ import torch
 from tqdm import tqdm
 
 import training
-from data_lra import LISTOPS_OPS, listops_value
+
+# The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
+# shuffled, and the ListOps expressions drawn, with this seed, so every run trains on the
+# same split and is scored on the same held-out text.
+CORPUS_SEED = 0
 
 
 def stdlib_docstrings(root=None):
@@ -57,15 +63,15 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 
 
 def prepare_stdlib(data_dir, root=None):
-    """Gather the stdlib docstrings once, shuffle them (fixed seed, so the split is
-    representative), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
+    """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
+    representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
     A sidecar stdlib.json holds the recipe version and each file's size and sha256;
     a cache that disagrees with it (truncated, edited, older) is rebuilt."""
     paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
     sidecar = os.path.join(data_dir, "stdlib.json")
     if not _stdlib_cache_ok(sidecar, paths):
         docs = stdlib_docstrings(root)
-        order = np.random.default_rng(0).permutation(len(docs))
+        order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
         raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
@@ -95,16 +101,49 @@ def _sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+# ListOps' four operators (Nangia & Bowman 2018, as in LRA) on the digits 0-9; the median
+# of an even count is the mean of the middle two, truncated to an int.
+LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}
+
+
+def listops_value(tokens):
+    """The value of a ListOps expression given as tokens, parens left out:
+    ['[MAX', '2', '[SM', '3', '9', ']', '0', ']'] -> 2. ValueError if it is not one
+    complete expression."""
+    value, end = _evaluate(list(tokens), 0)
+    if end != len(tokens):
+        raise ValueError(f"not one complete expression: {' '.join(tokens)!r}")
+    return value
+
+
+def _evaluate(tokens, i):
+    """(value of the sub-expression starting at tokens[i], index just after it)."""
+    if i >= len(tokens):
+        raise ValueError("the expression ends early")
+    if len(tokens[i]) == 1 and tokens[i].isdigit():
+        return int(tokens[i]), i + 1
+    if tokens[i] not in LISTOPS_OPS:
+        raise ValueError(f"unknown token {tokens[i]!r}")
+    args, j = [], i + 1
+    while j < len(tokens) and tokens[j] != "]":
+        value, j = _evaluate(tokens, j)
+        args.append(value)
+    if j == len(tokens) or not args:
+        raise ValueError(f"{tokens[i]} needs arguments and a closing ']'")
+    return LISTOPS_OPS[tokens[i]](args), j + 1
+
+
 def listops_expression(rng, depth):
-    """A random ListOps expression (tokens of data_lra.py's ListOps, parens left
-    out): an operator over 2 or 3 arguments, each a digit or, while depth > 1,
-    with probability 1/2 a nested expression."""
+    """A random ListOps expression as tokens (parens left out): an operator over 2
+    or 3 arguments, each a digit or, while depth > 1, with probability 1/2 a nested
+    expression."""
+    ops = list(LISTOPS_OPS)
     args = [listops_expression(rng, depth - 1) if depth > 1 and rng.random() < 0.5 else [str(rng.integers(10))]
             for _ in range(rng.integers(2, 4))]
-    return [LISTOPS_OPS[rng.integers(len(LISTOPS_OPS))], *sum(args, []), "]"]
+    return [ops[rng.integers(len(ops))], *sum(args, []), "]"]
 
 
-def listops_corpus(n, depth, block_size, seed=0):
+def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
     """n distinct expressions written as text, then '=', then their value, e.g.
     '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
     bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
@@ -112,7 +151,9 @@ def listops_corpus(n, depth, block_size, seed=0):
     well the model evaluates the expression, a computation more loops can help.
     Expressions longer than block_size + 1 bytes are drawn again."""
     rng, seen, rows = np.random.default_rng(seed), set(), []
-    for _ in tqdm(range(50 * n), desc="listops", leave=False):
+    for draw in tqdm(range(50 * n), desc="listops", leave=False):
+        if draw == 20_000 and not rows:                       # none fits: say so now, not after 50 n draws
+            break
         tokens = listops_expression(rng, depth)
         text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
         if len(text) <= block_size + 1 and text not in seen:
@@ -129,10 +170,12 @@ def listops_corpus(n, depth, block_size, seed=0):
 
 
 def load_data(C):
-    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR."""
+    """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR.
+    ListOps: one corpus of distinct expressions (fixed seed, whatever the run's seed),
+    the first C.listops_val held out for val, the next C.listops_examples for training."""
     if C.data == "listops":
-        rows = listops_corpus(C.listops_examples + 2000, C.listops_depth, C.block_size)
-        return rows[2000:], rows[:2000], 256, False
+        rows = listops_corpus(C.listops_examples + C.listops_val, C.listops_depth, C.block_size)
+        return rows[C.listops_val:], rows[:C.listops_val], 256, False
     if C.data == "stdlib":
         train, val = prepare_stdlib(C.data_dir)
         return train, val, 256, True
@@ -160,12 +203,12 @@ def load_data(C):
                             f"or a folder holding train.bin and val.bin")
 
 
-def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
-    """A batch (x, y) of C.batch_size windows of C.block_size tokens (y = x shifted
-    by one), drawn by a generator seeded with (seed, step, micro, rank, stream):
-    the same call always gives the same batch, which makes resume exact. ListOps
-    data (n, 2, block_size) gives C.batch_size of its rows instead."""
-    rng = np.random.default_rng([C.seed, step, micro, rank, stream])
+def get_batch(data, C, step, micro=0, rank=0, device="cpu"):
+    """A training batch (x, y) of C.batch_size windows of C.block_size tokens (y = x
+    shifted by one), drawn by a generator seeded with (seed, step, micro, rank): the
+    same call always gives the same batch, which makes resume exact. ListOps data
+    (n, 2, block_size) gives C.batch_size of its rows instead."""
+    rng = np.random.default_rng([C.seed, step, micro, rank])
     if data.ndim == 3:
         xy = torch.from_numpy(data[rng.integers(0, len(data), size=C.batch_size)])
         return xy[:, 0].to(device), xy[:, 1].to(device)
@@ -175,6 +218,20 @@ def get_batch(data, C, step, micro=0, rank=0, stream=0, device="cpu"):
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
+
+
+def eval_set(val, C):
+    """The fixed eval set (x, y), tensors (N, block_size): a function of the val split
+    and the flags below only, never of the seed, so every seed and variant of a corpus
+    is scored on the same text. ListOps: every held-out expression (all N =
+    --listops_val of them, each once). A byte or token stream: N = C.eval_batches *
+    C.batch_size windows starting at evenly spaced offsets over the whole val split."""
+    if val.ndim == 3:
+        xy = torch.from_numpy(np.asarray(val))
+        return xy[:, 0], xy[:, 1]
+    starts = np.linspace(0, len(val) - C.block_size - 1, C.eval_batches * C.batch_size).round().astype(np.int64)
+    xy = torch.from_numpy(np.stack([np.asarray(val[i:i + C.block_size + 1], dtype=np.int64) for i in starts]))
+    return xy[:, :-1], xy[:, 1:]
 
 
 def unigram_entropy(data, vocab):

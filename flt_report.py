@@ -1,18 +1,37 @@
 """
-The figures and the table of finished train_flt.py runs, made from the files in
-their folders (config.json, log.jsonl, summary.json), never from a model:
+What the files of finished train_flt.py runs say (config.json, log.jsonl,
+summary.json), read from those files, never from a model: the statistics and
+verdicts of a run's curves, then the figures and the tables of a set of runs.
 
     python train_flt.py --compare=out/a,out/b --out_dir=assets
 
+The statistics (train_flt.py puts them in every summary.json):
+  grad_volatility  std over steps of  d_t = log g_{t+1} - log g_t  (g_t the total
+                   gradient norm before clipping): how much the norm moves from
+                   step to step, whatever the pattern. Minibatch noise alone gives
+                   a clearly positive value; it is not a test of oscillation.
+  grad_dlog_ac1    the lag-1 autocorrelation of d_t: -1 for a period-2 zig-zag,
+                   -0.5 for independent noise around a trend (and for isolated
+                   spikes, each one step up then one down), near 0 for a random
+                   walk, above 0 for slow swings. Oscillation reads below -0.5.
+  grad_zigzag      -(lag-1 autocorrelation) of log g_t minus its centred 5-step
+                   running mean: 0.3 for independent noise, towards 1 for a zig-zag.
+  collapse_verdict the collapse rule on the whole val curve, against the 1-loop
+                   reference run at the same steps: collapsed / lagging / none.
+
+The figures and the table:
   flt_loss.png             train loss (10-step mean; dots: val loss), a panel per trained loop count K
   flt_grad_norm.png        total gradient norm before clipping, per step
   flt_test_time_loops.png  val loss after 1, 2, ... inference loops (the test-time loop curve)
   flt_residual_norm.png    the residual norm of every loop over training, a panel per (variant, K)
   flt_map_<recipe>.png     the stability map: final val loss over K x lr multiplier, collapses marked
-  compare.md               the table: one row per finished run
+  compare.md               the tables: one row per finished run; then per (recipe, variant, K, lr),
+                           over seeds: the mean and spread, the gap to FLT paired by seed,
+                           the residual norm over training,
+                           the gradient reaching each loop, and the test-time loop curve
 
 A colour per variant throughout. Every run also draws its own figures at its end.
-Read top to bottom: plot_runs, then each figure in the order above, then the table.
+Read top to bottom: the statistics, plot_runs, each figure in the order above, the tables.
 """
 
 import json
@@ -25,6 +44,92 @@ import numpy as np
 import training
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
+COLLAPSE_MARGIN = 0.05   # nats: a difference of val loss smaller than this is not read as a difference
+NEAR_SHARE = 0.2         # "near the unigram level": within this share of the reference's gain below it
+LOST_SHARE = 0.25        # a run that gave back more than this share of its best gain "lost what it learned"
+
+
+# --- the statistics of a run's curves ---------------------------------------------------
+
+def dlog(g):
+    """d_t = log g_{t+1} - log g_t of a positive series (zeros clipped to 1e-30)."""
+    return np.diff(np.log(np.maximum(np.asarray(g, dtype=float), 1e-30)))
+
+
+def grad_volatility(g):
+    """std of d_t = log g_{t+1} - log g_t: how much the gradient norm moves from one
+    step to the next, whatever the pattern (noise, spikes or a zig-zag alike). NaN
+    under 2 steps."""
+    d = dlog(g)
+    return float(np.std(d)) if len(d) else float("nan")
+
+
+def grad_dlog_ac1(g):
+    """The lag-1 autocorrelation of d_t = log g_{t+1} - log g_t: -1 for a period-2
+    zig-zag (up, down, up, ...), -0.5 for independent noise around a trend and for
+    isolated spikes, near 0 for a random walk, towards +1 for slow swings (noise on
+    top of them pulls it back towards -0.5). So an oscillation reads clearly below
+    -0.5 and noise at -0.5. NaN under 4 steps."""
+    d = dlog(g)
+    if len(d) < 3:
+        return float("nan")
+    d = d - d.mean()
+    return float((d[:-1] * d[1:]).sum() / max((d * d).sum(), 1e-30))
+
+
+def grad_zigzag(g):
+    """-rho_1 of r, where r_t = log g_t - mean(log g_{t-2..t+2}) (the trace minus its
+    centred 5-step running mean, over steps with a full window) and rho_1 is the
+    lag-1 autocorrelation. Minibatch noise, independent from step to step around a
+    slow trend, gives 0.3 (exactly, for i.i.d. noise: the running mean shares
+    each point with its neighbours); a zig-zag (up, down, up, ...) gives close to 1;
+    slow swings over many steps give less than noise. NaN under 8 steps."""
+    x = np.log(np.maximum(np.asarray(g, dtype=float), 1e-30))
+    if len(x) < 8:
+        return float("nan")
+    r = x[2:-2] - np.convolve(x, np.ones(5) / 5, mode="valid")
+    r = r - r.mean()
+    return float(-(r[:-1] * r[1:]).sum() / max((r * r).sum(), 1e-30))
+
+
+def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
+    """The collapse rule, on the whole val curve of a run (`losses`, at steps s_1..s_n)
+    against the 1-loop reference run's curve at the same steps (`ref_losses`, same
+    recipe, lr and budget, same eval set). H = h_unigram, the loss of a context-free
+    model; "near H" means within max(margin, NEAR_SHARE x the reference's gain
+    H - min(ref_losses)) of it. Returns (verdict, reason):
+      nan           the run diverged (a loss that is not finite, or no curve)
+      undetermined  the reference itself never came `margin` below H
+      collapsed     never learned: its best loss stays near H; or it ends near H
+                    after having learned; or it lost what it learned: it ends more
+                    than max(margin, LOST_SHARE x its best gain H - min(losses))
+                    above its own best
+      lagging       behind the reference at the last step by more than `margin`,
+                    without having lost what it learned; the reason says whether it
+                    is still improving (its last loss more than `margin` below the one
+                    a third of the curve earlier) or stalled
+      none          within `margin` of the reference at the last step, or better
+    A slow learner is "lagging", a spike that recovers is judged by where it ends."""
+    losses, ref = np.asarray(losses, dtype=float), np.asarray(ref_losses, dtype=float)
+    if len(losses) == 0 or not np.all(np.isfinite(losses)):
+        return "nan", "the run diverged"
+    if len(ref) != len(losses):
+        raise ValueError(f"the run's val curve has {len(losses)} points and the reference's {len(ref)}: "
+                         f"they must be taken at the same steps")
+    best, final = losses.min(), losses[-1]
+    if h_unigram - ref.min() < margin:
+        return "undetermined", "the reference never learned"
+    near = max(margin, NEAR_SHARE * (h_unigram - ref.min()))
+    if h_unigram - best < near:
+        return "collapsed", "never learned"
+    if h_unigram - final < near:
+        return "collapsed", "back at the unigram level"
+    if final - best > max(margin, LOST_SHARE * (h_unigram - best)):
+        return "collapsed", "lost what it learned"
+    if final > ref[-1] + margin:
+        earlier = losses[len(losses) - 1 - max(1, len(losses) // 3)]
+        return "lagging", "still improving" if final < earlier - margin else "stalled"
+    return "none", "like the reference"
 
 
 def plot_runs(dirs, out_dir, quiet=False):
@@ -34,7 +139,7 @@ def plot_runs(dirs, out_dir, quiet=False):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [load_run(d) for d in dirs]
+    runs = [rejudge(load_run(d)) for d in dirs]
     variants = list(dict.fromkeys(r.cfg["variant"] for r in runs))
     colour = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
     Ks = sorted(set(r.cfg["n_loops"] for r in runs))
@@ -66,8 +171,11 @@ def plot_runs(dirs, out_dir, quiet=False):
         draw_stability_map(plt, [r for r in runs if r.cfg.get("optim", "adamw") == optim and r.summary],
                            optim, variants, Ks, out_dir)
     rows = compare_table(runs)
-    with open(os.path.join(out_dir, "compare.md"), "w") as f:
-        f.write("\n".join(rows) + "\n")
+    tables = [rows, seed_table(runs), paired_table(runs), residual_table(runs), grad_flow_table(runs),
+              grad_flow_table(runs, "attn")] + [
+        test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
+                                                             ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
+    training.write_text(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
     if not quiet:
         print("\n".join(rows))
         print(f"figures: {', '.join(os.path.join(out_dir, n) for n in CURVES)}, flt_map_<recipe>.png")
@@ -86,10 +194,40 @@ def load_run(d):
     return SimpleNamespace(dir=d, cfg=cfg, log=training.read_log(d), summary=summary)
 
 
+def rejudge(r):
+    """The run with its collapse fields recomputed by collapse_verdict as it stands,
+    from the val curves in its log.jsonl and its reference's (the rule reads files
+    only, so a run judged by an earlier rule is judged again); unchanged when the
+    run has no reference or its folder is gone."""
+    ref_dir = r.summary.get("reference")
+    if not ref_dir or not os.path.exists(os.path.join(ref_dir, "log.jsonl")):
+        return r
+    r.summary["collapse"], r.summary["collapse_reason"] = judge_curves(
+        val_curve(r.log), val_curve(training.read_log(ref_dir)), r.summary["final_val_loss"],
+        r.summary["unigram_entropy"])
+    return r
+
+
+def val_curve(records):
+    """{step: val loss} from a run's log records."""
+    return {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
+
+
+def judge_curves(val, ref, final_loss, h_unigram):
+    """collapse_verdict on two val curves {step: loss} at the steps both have; a run
+    whose final loss is not finite diverged."""
+    common = sorted(set(val) & set(ref))
+    return collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
+                            [ref[k] for k in common], h_unigram)
+
+
 def save(fig, plt, out_dir, name, dpi):
+    """Atomically (a full disk never leaves half a figure)."""
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=dpi)
-    plt.close(fig)
+    try:
+        training.atomic_write(os.path.join(out_dir, name), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def smooth(y, w=10):
@@ -147,7 +285,7 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
 
 def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
     """The finished runs of one recipe: a panel per variant, final val loss over K x lr
-    multiplier (mean over seeds), marked C (collapse) / P (partial) by the collapse rule.
+    multiplier (mean over seeds), marked C (collapsed) / L (lagging) by the collapse rule.
     The K=1 column is the same in every panel: at one loop the five variants are one model (looped.py)."""
     lrms = sorted(set(r.cfg.get("lr_mult", 1.0) for r in runs))
     losses = [r.summary["final_val_loss"] for r in runs if math.isfinite(r.summary["final_val_loss"])]
@@ -160,7 +298,7 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
                         and r.cfg.get("lr_mult", 1.0) == lrm]
                 if cell:
                     grid[i, j] = np.mean([c["final_val_loss"] for c in cell])
-                    marks = "".join(sorted({c.get("collapse", "")[:1].upper() for c in cell} & {"C", "P"}))
+                    marks = "".join(sorted({c.get("collapse", "")[:1].upper() for c in cell} & {"C", "L"}))
                     ax.text(j, i, f"{grid[i, j]:.2f}{marks}", ha="center", va="center", fontsize=7, color="w")
         ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto", vmin=min(losses, default=0),
                   vmax=max(losses, default=1))
@@ -169,17 +307,17 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
         ax.set_title(v, fontsize=9)
         ax.set_xlabel("loops K", fontsize=8)
     axes[0][0].set_ylabel("lr multiplier", fontsize=8)
-    fig.suptitle(f"final val loss, recipe {optim} (C collapse, P partial, vs the 1-loop run)", fontsize=9)
+    fig.suptitle(f"final val loss, recipe {optim} (C collapsed, L lagging, vs the 1-loop run)", fontsize=9)
     save(fig, plt, out_dir, f"flt_map_{optim}.png", dpi=90)
 
 
 # --- the table ----------------------------------------------------------------------
 
 def compare_table(runs):
-    """compare.md: a markdown row per finished run (summary.json; unfinished runs are left out)."""
-    rows = ["| run | recipe | variant | K | final val loss | bits/byte | res. norm first->last step (last loop) "
-            "| max res. norm | peak step (last loop) | grad osc | grad zigzag | diverged | collapse (kept) "
-            "| best test-time loops (val) |", "|" + "---|" * 14]
+    """A markdown row per finished run (summary.json; unfinished runs are left out)."""
+    rows = ["| run | recipe | variant | K | seed | final val loss | bits/byte | res. norm first->last step "
+            "(last loop) | max res. norm (loop, step) | grad volatility | grad dlog ac1 | grad zigzag | diverged "
+            "| collapse (reason; kept) | best test-time loops (val) |", "|" + "---|" * 15]
     nan = float("nan")
     for r in runs:
         s = r.summary
@@ -187,14 +325,132 @@ def compare_table(runs):
             continue
         curve = s.get("test_val_loss") or [nan]
         best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
-        peak = s.get("residual_norm_peak_step") or [0]
-        collapse = f"{s['collapse']} ({s['collapse_kept']:.2f})" if "collapse" in s else "-"
+        collapse = (f"{s['collapse']} ({s.get('collapse_reason', '')}; {s['collapse_kept']:.2f})"
+                    if "collapse" in s else "-")
         rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg.get('optim', 'adamw')} "
-                    f"| {s['variant']} | {s['n_loops']} "
+                    f"| {s['variant']} | {s['n_loops']} | {r.cfg.get('seed')} "
                     f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', nan):.3f} "
                     f"| {s['residual_norm_first'][-1] if s['residual_norm_first'] else nan:.1f} -> "
                     f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else nan:.1f} "
-                    f"| {s['max_residual_norm']:.1f} | {peak[-1]} | {s['grad_osc']:.3f} "
-                    f"| {s.get('grad_zigzag', nan):.2f} | {s['diverged_reason'] or 'no'} | {collapse} "
-                    f"| {best} ({min(curve):.3f}) |")
+                    f"| {peak_residual(s)} | {s.get('grad_volatility', s['grad_osc']):.3f} "
+                    f"| {s.get('grad_dlog_ac1', nan):.2f} | {s.get('grad_zigzag', nan):.2f} "
+                    f"| {s['diverged_reason'] or 'no'} | {collapse} | {best} ({min(curve):.3f}) |")
+    return rows
+
+
+def peak_residual(s):
+    """'peak (loop, step)': the largest residual norm over loops and steps, where it was."""
+    peaks = s.get("residual_norm_peak") or []
+    if not peaks:
+        return "-"
+    t = int(np.argmax(peaks))
+    return f"{peaks[t]:.0f} (loop {t + 1}, step {s['residual_norm_peak_step'][t]})"
+
+
+def spread(values, digits=3):
+    """'mean ± std (v1, v2, ...)' over seeds (sample std); 'v (one seed)' for one value."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if len(v) < len(values):
+        return f"{len(values) - len(v)} of {len(values)} not finite"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f} (one seed)"
+    each = ", ".join(f"{x:.{digits}f}" for x in v)
+    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f} ({each})"
+
+
+def by_cell(runs):
+    """Finished runs grouped by (data, recipe, variant, K, lr multiplier), seeds sorted;
+    a 1-loop run's variant reads '1-loop' (at one loop the five variants are one model)."""
+    cells = {}
+    for r in sorted((r for r in runs if r.summary), key=lambda r: r.cfg.get("seed", 0)):
+        K = r.cfg["n_loops"]
+        key = (r.cfg["data"], r.cfg.get("optim", "adamw"), "1-loop" if K == 1 else r.cfg["variant"], K,
+               r.cfg.get("lr_mult", 1.0))
+        cells.setdefault(key, []).append(r)
+    return cells
+
+
+def seed_table(runs):
+    """A markdown row per (data, recipe, variant, K, lr): the mean and spread over seeds
+    of the final val loss, its paired gap to the 1-loop reference (run - reference, per
+    seed), the collapse verdicts, the peak residual norm and the gradient statistics."""
+    rows = ["| data | recipe | variant | K | lr x | seeds | final val loss | minus its reference (paired) "
+            "| collapse rule per seed | peak residual norm | grad volatility | grad dlog ac1 | grad zigzag |",
+            "|" + "---|" * 13]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        s = [r.summary for r in cell]
+        gap = [x["final_val_loss"] - x["reference_val_loss"] for x in s if "reference_val_loss" in x]
+        verdicts = "; ".join(f"{x['collapse']} ({x.get('collapse_reason', '')})" for x in s if "collapse" in x)
+        rows.append(f"| {os.path.basename(str(data))} | {optim} | {variant} | {K} | {lrm} "
+                    f"| {', '.join(str(r.cfg.get('seed')) for r in cell)} "
+                    f"| {spread([x['final_val_loss'] for x in s])} | {spread(gap) if gap else '-'} "
+                    f"| {verdicts or '-'} | {spread([x['max_residual_norm'] for x in s], 0)} "
+                    f"| {spread([x.get('grad_volatility', x['grad_osc']) for x in s])} "
+                    f"| {spread([x.get('grad_dlog_ac1', float('nan')) for x in s], 2)} "
+                    f"| {spread([x.get('grad_zigzag', float('nan')) for x in s], 2)} |")
+    return rows
+
+
+def test_time_table(runs, key="test_val_loss", loops=(1, 3, 6, 9, 12), digits=3):
+    """A markdown row per (data, recipe, variant, K, lr): a test-time field (`key`: the
+    val loss, accuracy, hidden norm or logit entropy) read after each inference loop
+    count in `loops` and at 2K, mean ± std over seeds."""
+    cells = {c: cell for c, cell in by_cell(runs).items() if all(r.summary.get(key) for r in cell)}
+    Ls = sorted(set(loops) | {2 * c[3] for c in cells})
+    rows = [f"| {key} | data | variant | K | seeds | " + " | ".join(f"{t} loops" for t in Ls) + " |",
+            "|" + "---|" * (5 + len(Ls))]
+    for (data, optim, variant, K, lrm), cell in cells.items():
+        vals = [" ".join(spread([r.summary[key][t - 1] for r in cell], digits).split(" (")[:1])
+                if all(len(r.summary[key]) >= t for r in cell) else "-" for t in Ls]
+        rows.append(f"| {optim}, lr x{lrm} | {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | "
+                    + " | ".join(vals) + " |")
+    return rows
+
+
+def paired_table(runs, against="FLT"):
+    """A markdown row per (data, recipe, variant, K, lr) that has a run of `against` at
+    the same K and seed: the final val loss minus that run's, per seed (same eval set),
+    mean ± std. A gap inside its spread is not a separation."""
+    cells = by_cell(runs)
+    rows = [f"| data | recipe | variant | K | lr x | seeds | final val loss minus {against}'s (paired by seed) |",
+            "|---|---|---|---|---|---|---|"]
+    for (data, optim, variant, K, lrm), cell in cells.items():
+        other = {r.cfg.get("seed"): r.summary["final_val_loss"] for r in cells.get((data, optim, against, K, lrm), [])}
+        pairs = [(r.cfg.get("seed"), r.summary["final_val_loss"] - other[r.cfg.get("seed")])
+                 for r in cell if r.cfg.get("seed") in other]
+        if variant != against and pairs:
+            rows.append(f"| {os.path.basename(str(data))} | {optim} | {variant} | {K} | {lrm} "
+                        f"| {', '.join(str(p[0]) for p in pairs)} | {spread([p[1] for p in pairs])} |")
+    return rows
+
+
+def residual_table(runs, at_steps=(25, 50, 100, 150, 200, 250)):
+    """A markdown row per (data, recipe, variant, K, lr): the residual norm (the largest
+    over loops) at a few steps, mean over seeds, so growth over training reads apart
+    from an early explosion; then, per seed, the loop and step of the peak."""
+    rows = ["| data | variant | K | seeds | " + " | ".join(f"step {t}" for t in at_steps) + " | peak (loop, step) per seed |",
+            "|" + "---|" * (5 + len(at_steps))]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        per_step = [{x["step"]: max(x["residual_norms"]) for x in r.log if "residual_norms" in x} for r in cell]
+        cols = [f"{np.mean([p[t] for p in per_step]):.0f}" if all(t in p for p in per_step) else "-"
+                for t in at_steps]
+        rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | " + " | ".join(cols)
+                    + f" | {'; '.join(peak_residual(r.summary) for r in cell)} |")
+    return rows
+
+
+def grad_flow_table(runs, kind="out"):
+    """A markdown row per (data, recipe, variant, K, lr): the gradient norm of the
+    block outputs (kind "out"; "attn": the attention outputs) per loop, summed over the
+    blocks, averaged over the steps and the seeds: how much gradient reaches each loop.
+    (The MLP's output gradient equals the block's: the MLP is the block's last residual add.)"""
+    rows = [f"| data | variant | K | seeds | {kind} grad norm per loop, loop 1 ... K (x1e-3) | loop 1 / loop K |",
+            "|---|---|---|---|---|---|"]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        arr = [np.array([x[f"{kind}_grad_norms"] for x in r.log if x.get(f"{kind}_grad_norms")]) for r in cell]
+        if not all(len(a) for a in arr):
+            continue
+        per_loop = np.mean([a.sum(2).mean(0) for a in arr], axis=0)
+        rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | "
+                    f"{' '.join(f'{1e3 * v:.1f}' for v in per_loop)} | {per_loop[0] / max(per_loop[-1], 1e-30):.2g} |")
     return rows

@@ -2,10 +2,11 @@
 A looped Transformer language model with the two switches of "Simply Stabilizing
 the Loop via a Fully Looped Transformer" (FLT, 2026).
 
-A looped Transformer reuses one stack of n_layer blocks for n_loops loops. Plain
-looping collapses at 9-12 loops (loss back to the unigram level, the residual
-stream's norm exploding, oscillating gradients). FLT adds two parameter-free
-changes, here two booleans of one loop body:
+A looped Transformer reuses one stack of n_layer blocks for n_loops loops. The
+paper reports that plain looping collapses at 9-12 loops (loss back to the unigram
+level, the residual stream's norm exploding, oscillating gradients); train_flt.py
+measures whether it does here. FLT adds two parameter-free changes, here two
+booleans of one loop body:
 
   fla  Full-Loop Access: the previous loop's final state h = norm(x_L^(t-1))
        reaches EVERY layer of the next loop, not only its start.
@@ -29,6 +30,7 @@ have the same parameters (none of the switches adds any).
 
 Read top to bottom:
   LoopedConfig        sizes, the variant, the loss over loops (END / STEP / FEW)
+  rope_tables, apply_rope   rotary positions (RoPE)
   norm                parameter-free RMSNorm
   Attention           separate query input and key/value input; RoPE; causal SDPA
   MLP, Block          pre-norm residual block, zero-initialised output projections
@@ -43,12 +45,14 @@ after RoPE (qk_norm); the logits soft-capped, softcap * tanh(logits / softcap),
 softcap = 15; no biases; zero-initialised output projections, so at
 initialisation every block is the identity; an untied lm head initialised
 N(0, lm_head_std^2), lm_head_std = 1e-3 (nearly uniform logits). QK-norm and the
-softcap add no parameters; with qk_norm=False, softcap=0, lm_head_std=0 the model
-is the one this repository trained before (the README's AdamW rows). The final
-norm is the same parameter-free norm, so the final state h of loop t is also what
-the shared lm head reads to give that loop's logits.
+softcap add no parameters; qk_norm=False, softcap=0, lm_head_std=0 switch the three
+off (a plain pre-norm Transformer with a zero lm head, the model of train_flt.py's
+AdamW baseline recipe). The final norm is the same parameter-free norm, so the
+final state h of loop t is also what the shared lm head reads to give that loop's
+logits.
 
-This file imports only torch and two RoPE helpers from model.py.
+This file imports only torch and the standard library (it carries its own RoPE),
+so it can be copied alone into another project.
 """
 
 import math
@@ -57,8 +61,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from model import apply_rope, rope_tables
 
 # variant -> (what loop t>1 starts from, fla, ai); see the table above
 VARIANTS = {
@@ -126,6 +128,20 @@ def loss_loops(loss_type, n_loops, variant="FLT"):
     if loss_type == "FEW":
         return list(range(n_loops - math.ceil(n_loops / 3), n_loops))
     raise ValueError(f"loss_type={loss_type!r}; choose one of {LOSS_TYPES}")
+
+
+def rope_tables(n_pos, head_dim):
+    """RoPE (Su et al. 2021): the cos and sin of angle p * theta_i for position p and
+    pair i, theta_i = 10000^(-2i / head_dim); two tensors (n_pos, head_dim / 2)."""
+    theta = 10000.0 ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.arange(n_pos, dtype=torch.float32)[:, None] * theta
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x[..., 2i], x[..., 2i+1]) of x (B, H, T, head_dim) by its angle."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
 def norm(x, eps=1e-6):
@@ -252,11 +268,12 @@ class LoopedTransformer(nn.Module):
             else:
                 x = norm(x0 + h, eps)                           # LT_i: norm(x0 + h)
             for i, block in enumerate(self.blocks):
-                # does h reach layer i?  FLA: every layer; otherwise layer 0 only (LT_ia)
-                reaches = h is not None and (c.fla or i == 0)
-                if reaches and c.fla and not c.ai:
-                    x = norm(x + h, eps)                        # FLT_res: x = norm(x + h) before each block
-                q = h if reaches and c.ai else None             # AI: Q = W_Q norm(h), K,V from norm(x)
+                q = None                                        # plain self-attention unless h enters here
+                if h is not None and (c.fla or i == 0):         # h reaches layer i: every layer with FLA
+                    if c.ai:
+                        q = h                                   # AI: Q = W_Q norm(h), K,V = W_K,W_V norm(x)
+                    elif c.fla:
+                        x = norm(x + h, eps)                    # FLT_res: x = norm(x + h) before each block
                 x = block(x, rope, q)
             h = norm(x, eps)                                    # h = norm(x_L^(t)), also the final norm
             yield h, x
@@ -317,7 +334,7 @@ class LoopedTransformer(nn.Module):
     # --- optimisation
 
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8, device_type="cpu"):
-        """Our recipe ("adamw"): one AdamW; weight decay on the linear layers' matrices
+        """A plain AdamW recipe ("adamw"): one AdamW; weight decay on the linear layers' matrices
         only, lm head included, not on the embedding (this model has no norm weights
         and no biases). Fused kernel on CUDA. Returns a list of one optimizer."""
         decay = [p for n, p in self.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
