@@ -195,6 +195,18 @@ def plt_figure(*args, **kwargs):
     return plt, plt.subplots(*args, **kwargs)
 
 
+def save_figure(plt, fig, path, dpi):
+    """The PNG is written to a temp file, then renamed: a full disk never leaves half a figure."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def plot_attention(maps, path, title, n_examples=2):
     """Rows: examples x layers; columns: heads."""
     L, H = len(maps), maps[0].size(1)
@@ -209,8 +221,7 @@ def plot_attention(maps, path, title, n_examples=2):
                 ax.set_title(f"ex {e} layer {layer} head {h}", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, path, 80)
 
 
 def plot_image_attention(image, maps, path, n_queries=3):
@@ -243,8 +254,7 @@ def plot_image_attention(image, maps, path, n_queries=3):
             ax.set_xticks([]), ax.set_yticks([])
     fig.suptitle(f"layer-0 attention of one image's pixels (uniform 3x3 mass {9 / side ** 2:.4f})")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(plt, fig, path, 90)
     return masses
 
 
@@ -275,8 +285,7 @@ def plot_proximity(reports, scores, path):
             a.set_xticks([]), a.set_yticks([])
             col += 1
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(plt, fig, path, 90)
 
 
 def plot_evolution(rows, path, n_cols=6):
@@ -292,8 +301,7 @@ def plot_evolution(rows, path, n_cols=6):
                 ax.set_title(f"step {picks[c]['step']}, mass(w=2) {picks[c]['mass']:.2f}", fontsize=7)
         axes[r, 0].set_ylabel(name, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(plt, fig, path, 80)
     return path
 
 
@@ -328,8 +336,7 @@ def plot_curves(out_dir):
         ax.set_title(title)
         ax.legend() if ax.get_legend_handles_labels()[0] else None
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=90)
-    plt.close(fig)
+    save_figure(plt, fig, os.path.join(out_dir, "curves.png"), 90)
 
 
 def plot_evolution_of_runs(run_dirs, path, n_cols=6):
@@ -374,8 +381,7 @@ def plot_val_accuracy(runs, path, unfinished=()):
         if a.lines:
             a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(plt, fig, path, 90)
     return path
 
 
@@ -422,6 +428,17 @@ def run_summary(out_dir):
     return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
 
 
+def report_folder(dirs):
+    """Where report.md and the figures go: the first folder given, or the folders' common
+    parent when the first is itself a run (its own figures must not be replaced)."""
+    first = dirs.split(",")[0]
+    for where in (first, os.path.commonpath([os.path.abspath(d) for d in dirs.split(",")]),
+                  os.path.dirname(os.path.abspath(first))):
+        if os.path.isdir(where) and not os.path.exists(os.path.join(where, "config.json")):
+            return where
+    raise ValueError(f"--report={dirs}: no folder to write the report into that is not a run")
+
+
 def report(dirs):
     paths = []
     for d in dirs.split(","):
@@ -438,8 +455,7 @@ def report(dirs):
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n\n" + seed_table(runs)
     print(table)
-    first = dirs.split(",")[0]
-    where = first if os.path.isdir(first) else "."   # report.md and the figures go here
+    where = report_folder(dirs)
     with open(os.path.join(where, "report.md"), "w") as f:
         f.write(table + "\n")
     print(f"SPT loss and val accuracy figure: "

@@ -582,4 +582,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    configurator.run_cli(main)

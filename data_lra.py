@@ -165,19 +165,24 @@ def listops_tokenize(source, path="<string>", lineno=0):
 def read_listops_tsv(path, max_len=2000):
     """-> (list of uint8 id arrays, labels). Header Source<TAB>Target, label 0..9."""
     seqs, labels = [], []
-    with open(path, encoding="utf-8", newline="") as f:
-        header = f.readline().rstrip("\r\n")
-        if header.split("\t") != ["Source", "Target"]:
-            raise _malformed(path, 1, f"expected the header 'Source<TAB>Target', got {header[:60]!r}")
-        for lineno, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
-                raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
-            seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
-            labels.append(int(fields[1]))
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for lineno, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError:
+            raise _malformed(path, lineno, "not UTF-8 text") from None
+        if lineno == 1:
+            if line.split("\t") != ["Source", "Target"]:
+                raise _malformed(path, 1, f"expected the header 'Source<TAB>Target', got {line[:60]!r}")
+            continue
+        if not line:
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
+            raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
+        seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
+        labels.append(int(fields[1]))
     if not seqs:
         raise ValueError(f"{path}: has the header but no rows")
     return seqs, labels
@@ -806,11 +811,16 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
 
 def _cached_release(folder, data_dir, resolution, progress=True):
     """Decoding 200k PNGs takes minutes: keep the decoded release next to the generated data,
-    keyed by the metadata files' names, sizes and times."""
-    meta_dir = os.path.join(folder, "metadata")
-    stamp = {f: [os.path.getsize(os.path.join(meta_dir, f)), int(os.path.getmtime(os.path.join(meta_dir, f)))]
-             for f in sorted(os.listdir(meta_dir))}
-    key = dict(release=os.path.abspath(folder), metadata=stamp, resolution=resolution)
+    keyed by the size and modification and change times of every metadata and image file
+    (a PNG replaced in place changes its times, so its new pixels are read)."""
+    stamp = hashlib.sha256()
+    for sub in ("metadata", "imgs"):
+        for root, dirs, files in sorted(os.walk(os.path.join(folder, sub))):
+            dirs.sort()
+            for name in sorted(files):
+                st = os.stat(os.path.join(root, name))
+                stamp.update(f"{root}/{name} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}\n".encode())
+    key = dict(release=os.path.abspath(folder), files=stamp.hexdigest(), resolution=resolution)
     name = "release-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".npz"
     path = os.path.join(data_dir, "generated", name)
     if os.path.exists(path + ".json"):
@@ -892,11 +902,12 @@ def load_task(name, split, data_dir="data", **options):
 # command line: python data_lra.py --task=pathfinder --generate [--key=value ...]
 
 CLI_DEFAULTS = dict(task="pathfinder", generate=False, grid=False, n=None, seed=0, difficulty="contour_length_14",
-                    resolution=None, data_dir="data", format="npz")
+                    resolution=None, data_dir="data", format="npz", debug=False)
 
 
 def parse_args(argv):
-    """--key=value overrides of CLI_DEFAULTS (typed like the default); a bare --flag means True."""
+    """--key=value overrides of CLI_DEFAULTS (typed like the default); a bare --flag means True.
+    Bad values raise ValueError naming the flag, before any work."""
     cfg = dict(CLI_DEFAULTS)
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -905,31 +916,39 @@ def parse_args(argv):
                 print(f"  --{k}={v}")
             sys.exit(0)
         if not arg.startswith("--"):
-            raise SystemExit(f"data_lra.py: expected --key=value, got {arg!r}")
+            raise ValueError(f"expected --key=value, got {arg!r}")
         key, eq, value = arg[2:].partition("=")
         if key not in cfg:
-            raise SystemExit(f"data_lra.py: unknown key --{key}; known keys: {', '.join('--' + k for k in cfg)}")
-        if not eq:
-            if not isinstance(CLI_DEFAULTS[key], bool):
-                raise SystemExit(f"data_lra.py: --{key} needs a value (--{key}=...)")
-            value = "True"
-        default = CLI_DEFAULTS[key]
-        try:
-            if isinstance(default, bool):
-                if value not in ("True", "False", "1", "0", "true", "false"):
-                    raise ValueError
-                cfg[key] = value in ("True", "1", "true")
-            elif key in ("n", "resolution", "seed"):
-                cfg[key] = int(value)
-            else:
-                cfg[key] = value
-        except ValueError:
-            raise SystemExit(f"data_lra.py: bad value for --{key}: {value!r}") from None
+            raise ValueError(f"unknown key --{key}; known keys: {', '.join('--' + k for k in cfg)}")
+        if not eq and not isinstance(CLI_DEFAULTS[key], bool):
+            raise ValueError(f"--{key} needs a value (--{key}=...)")
+        cfg[key] = _cli_value(key, value if eq else "True")
     if cfg["task"] not in TASK_OPTIONS:
-        raise SystemExit(f"data_lra.py: unknown --task={cfg['task']}; choose from {', '.join(TASK_OPTIONS)}")
+        raise ValueError(f"unknown --task={cfg['task']}; choose from {', '.join(TASK_OPTIONS)}")
     if cfg["format"] not in ("npz", "lra"):
-        raise SystemExit(f"data_lra.py: --format must be npz or lra, got {cfg['format']!r}")
+        raise ValueError(f"--format must be npz or lra, got {cfg['format']!r}")
+    if cfg["n"] is not None and cfg["n"] <= 0:
+        raise ValueError(f"--n={cfg['n']} must be a positive number of examples")
+    if not 0 <= cfg["seed"] < 2**31:
+        raise ValueError(f"--seed={cfg['seed']} must be in [0, 2**31)")
+    if cfg["resolution"] is not None:
+        pathfinder.params(cfg["resolution"])                       # names the resolutions there are
+    _difficulty(cfg["difficulty"])
     return cfg
+
+
+def _cli_value(key, value):
+    default = CLI_DEFAULTS[key]
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--{key}={value}: expected True or False")
+        return value.lower() in ("true", "1")
+    if key in ("n", "resolution", "seed"):
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"--{key}={value}: expected an integer") from None
+    return value
 
 
 def main(argv):
@@ -950,7 +969,7 @@ def main(argv):
             if cfg["format"] == "lra":
                 folder = pathfinder_folder(data_dir, R, difficulty)
                 if os.path.exists(folder):
-                    raise SystemExit(f"data_lra.py: {folder} exists; not overwriting it")
+                    raise FileExistsError(f"{folder} exists; not overwriting it")
                 export_pathfinder_lra(folder, images, labels, margins, contour_length=DIFFICULTIES[difficulty][1], resolution=R)
                 print(f"data_lra: exported the official layout to {folder}")
     elif task == "listops":
@@ -960,7 +979,7 @@ def main(argv):
             root = ensure_listops(data_dir, n, seed)
             print(f"data_lra: ListOps n={n} in {os.path.join(root, 'listops-1000')} ({time.time() - t0:.1f}s)")
     elif cfg["generate"] or cfg["grid"]:
-        raise SystemExit(f"data_lra.py: --task={task} reads released files; only listops and pathfinder are generated")
+        raise ValueError(f"--task={task} reads released files; only listops, pathfinder and pathx are generated")
     if not (cfg["generate"] or cfg["grid"]):  # describe what load_task sees
         options = {}
         if task in ("listops", "pathfinder", "pathx"):
@@ -973,4 +992,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:                                   # a bad flag or file: one line, as in the training scripts
+        main(sys.argv[1:])
+    except (ValueError, OSError) as e:
+        if any(a.lower() == "--debug=true" for a in sys.argv):
+            raise
+        sys.exit("error: " + " ".join(str(e).split()))

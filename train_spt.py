@@ -55,8 +55,8 @@ import analysis
 import synthetic
 from configurator import check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config, run_cli
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, last_good_checkpoint, load_checkpoint, load_state, lr_at, save_checkpoint,
-                      setup_runtime, unwrap)
+from training import (RunFolder, RunLog, check_memory, interrupted, last_good_checkpoint, load_checkpoint, load_state,
+                      lr_at, save_checkpoint, setup_runtime, unwrap, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -178,11 +178,25 @@ def preset_values(preset, task):
 RESUME_SAFE = ("lr", "pretrain_lr", "grad_clip", "max_hours", "patience", "log_every", "ckpt_every",
                "halt_after_steps", "device", "dtype", "compile", "num_workers", "debug")
 
-# Flags that only some tasks read: anything but their default elsewhere is refused.
-TASK_FLAGS = dict(max_len=("listops", "text", "retrieval"),
-                  n_generate=("listops", "pathfinder", "pathx"),
-                  data_source=("listops", "pathfinder", "pathx"),
-                  difficulty=("pathfinder", "pathx"))
+
+def flag_scope(cfg):
+    """Where each flag that not every run reads applies: flag -> (does it apply to this
+    run?, where it applies). A flag given on the command line where it does not apply
+    is refused (check_config), so no flag is ever silently ignored."""
+    tasks = {cfg["task"], cfg["pretrain_task"] or cfg["task"]}
+    on = lambda *names: (bool(tasks & set(names)), "--task=" + "|".join(names))
+    given_weights = cfg["init_from"] not in ("", "resume")
+    spt = (cfg["pretrain_epochs"] > 0 and not given_weights, "a run with an SPT phase (--pretrain_epochs > 0 "
+                                                                "and no --init_from checkpoint)")
+    return dict(
+        max_len=on("listops", "text", "retrieval"), n_generate=on("listops", "pathfinder", "pathx"),
+        data_source=on("listops", "pathfinder", "pathx"), difficulty=on("pathfinder", "pathx"),
+        data_dir=(tasks != {"synthetic"}, "the LRA tasks (the synthetic task is made in memory)"),
+        pretrain_task=spt, spt_objective=spt, mask_ratio=spt, pretrain_lr=spt, pretrain_schedule=spt,
+        pretrain_warmup_steps=spt, save_epochs=spt,
+        init_params=(spt[0] or given_weights, "finetuning from SPT weights (an SPT phase or --init_from=CHECKPOINT)"),
+        pretrain_epochs=(cfg["pretrain_epochs"] == 0 or not given_weights,
+                         "a run that pretrains itself; --init_from=CHECKPOINT finetunes from that checkpoint instead"))
 
 
 def get_config(argv):
@@ -193,11 +207,16 @@ def get_config(argv):
     preset = flag_value(argv, "preset", DEFAULTS["preset"])
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
-    return check_config(configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__))
+    cfg = configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__)
+    return check_config(cfg, given_keys(argv))
 
 
-def check_config(cfg):
-    """Refuse bad values before any work is done, naming what is allowed."""
+def check_config(cfg, given=()):
+    """Refuse bad values before any work is done, naming what is allowed. `given`: the
+    keys on the command line (a flag that does not apply to this run is refused)."""
+    if cfg["report"] and set(given) - {"report", "debug"}:
+        raise ValueError(f"--report gathers finished runs and takes no other flag (got "
+                         f"{', '.join('--' + k for k in given if k not in ('report', 'debug'))})")
     schedules = ("cosine", "linear", "constant")   # training.lr_at's
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
@@ -227,12 +246,23 @@ def check_config(cfg):
     if not 0 < cfg["mask_ratio"] < 1:
         raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
     parse_int_list("save_epochs", cfg["save_epochs"])
-    for key, tasks in TASK_FLAGS.items():
-        if cfg[key] != DEFAULTS[key] and cfg["task"] not in tasks and cfg["pretrain_task"] not in tasks:
-            raise ValueError(f"--{key}={cfg[key]} does not apply to --task={cfg['task']} (only to "
-                             f"{', '.join(tasks)}); leave it out")
-    if cfg["init_from"] not in ("", "resume") and not os.path.exists(cfg["init_from"]):
-        raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
+    for key, (applies, where) in flag_scope(cfg).items():
+        if key in given and not applies and cfg["init_from"] != "resume":
+            raise ValueError(f"--{key}={cfg[key]} does not apply to --task={cfg['task']} here: it applies only "
+                             f"to {where}; leave it out")
+    if "all" in cfg["freeze"].split(","):
+        raise ValueError("--freeze=all leaves nothing to train; freeze a group: attn, qk, qkv, mlp, emb")
+    d, depth = cfg["n_embd"], cfg["depth"]
+    check_memory(depth * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])    # the blocks alone: a lower bound
+    if cfg["pretrain_task"] not in ("", cfg["task"]) and task_vocabulary(cfg["pretrain_task"]) != \
+            task_vocabulary(cfg["task"]):
+        raise ValueError(vocabulary_mismatch(cfg, task_vocabulary(cfg["pretrain_task"]), task_vocabulary(cfg["task"])))
+    if cfg["init_from"] not in ("", "resume"):
+        if not os.path.exists(cfg["init_from"]):
+            raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
+        if not weights_finite(load_checkpoint(cfg["init_from"])["model"]):
+            raise ValueError(f"--init_from={cfg['init_from']} holds NaN or inf weights (its run diverged); "
+                             f"finetune from an earlier checkpoint of it")
     return cfg
 
 
@@ -288,17 +318,30 @@ class Subset(torch.utils.data.Dataset):
         return getattr(self.ds, name)
 
 
+def task_vocabulary(task):
+    """(vocab size, pad id, mask id) of a task, known without reading its data."""
+    if task == "synthetic":
+        ds = synthetic.load_split("val", n=2)                     # made in memory: instant
+        return ds.vocab_size, ds.pad_id, ds.mask_id
+    import data_lra
+    if task == "listops":
+        return data_lra.LISTOPS_VOCAB, data_lra.LISTOPS_PAD, data_lra.LISTOPS_MASK
+    return data_lra.BYTE_VOCAB, data_lra.BYTE_PAD, data_lra.BYTE_MASK
+
+
+def vocabulary_mismatch(cfg, pre, task):
+    return (f"--pretrain_task={cfg['pretrain_task']} has vocabulary (size, pad, mask) {pre} but "
+            f"--task={cfg['task']} has {task}: its token ids would mean other tokens here. Pretrain on a task "
+            f"with the same vocabulary (image, pathfinder and pathx share one), or copy only weights that do "
+            f"not read tokens from its checkpoint: --init_from=RUN/spt_best.pt --init_params=attn")
+
+
 def check_data(cfg, rt, splits):
     """Every split holds examples, the training sets at least one global batch, and a
     pretraining task speaks the task's vocabulary (else its ids would alias silently)."""
-    task, pre = splits["train"], splits["pretrain"]
     vocab = lambda ds: (ds.vocab_size, ds.pad_id, ds.mask_id)
-    if vocab(pre) != vocab(task):
-        raise ValueError(f"--pretrain_task={cfg['pretrain_task']} has vocabulary (size, pad, mask) "
-                         f"{vocab(pre)} but --task={cfg['task']} has {vocab(task)}: its token ids would mean "
-                         f"other tokens here. Pretrain on a task with the same vocabulary (image, pathfinder "
-                         f"and pathx share one), or copy only weights that do not read tokens from its "
-                         f"checkpoint: --init_from=RUN/spt_best.pt --init_params=attn")
+    if vocab(splits["pretrain"]) != vocab(splits["train"]):
+        raise ValueError(vocabulary_mismatch(cfg, vocab(splits["pretrain"]), vocab(splits["train"])))
     G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
     for name, ds in splits.items():
         if len(ds) == 0:
@@ -784,6 +827,9 @@ def main(argv=None):
         ckpt = None
         if resume:                                  # the folder given, the checkpoint's config
             ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+            if "task" not in ckpt["config"]:
+                raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_spt.py (train_flt.py's?); "
+                                 f"resume it with the script that wrote it")
             cfg, changed = resume_config(ckpt["config"], cfg, given_keys(argv), RESUME_SAFE,
                                          per_call=("halt_after_steps", "debug"))
             if changed:
@@ -796,7 +842,10 @@ def main(argv=None):
                      command=shlex.join(["python", "train_spt.py", *argv]))
         if ckpt:
             log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
-        summary = run_phases(cfg, rt, data, model, log, ckpt)
+        try:
+            summary = run_phases(cfg, rt, data, model, log, ckpt)
+        except KeyboardInterrupt:
+            raise interrupted(os.path.join(cfg["out_dir"], "ckpt.pt")) from None
         if rt.ddp:
             dist.destroy_process_group()
         return summary

@@ -86,16 +86,14 @@ def all_reduce_mean(value, rt):
     return t.item() / rt.world_size
 
 
-def check_memory(model_on_meta, device, bytes_per_param=16):
-    """Refuse, before anything is allocated, a model whose weights, gradients and two
-    AdamW moments (4 x 4 bytes a parameter) exceed the memory this device has free.
-    The model is built on the "meta" device, which allocates nothing."""
-    n = sum(p.numel() for p in model_on_meta.parameters())
-    free = torch.cuda.mem_get_info(torch.device(device))[0] if str(device).startswith("cuda") else memory_available()
-    if n * bytes_per_param > free:
-        raise ValueError(f"the model has {n:,} parameters: about {n * bytes_per_param / 2**30:.1f} GiB to train, "
-                         f"more than the {free / 2**30:.1f} GiB free on {device}; lower --n_embd or the depth")
-    return n
+def check_memory(n_params, device, bytes_per_param=16):
+    """Refuse, before anything is allocated, a model whose weights, gradients and two AdamW
+    moments (4 x 4 bytes a parameter) exceed the memory this device has free."""
+    cuda = torch.cuda.is_available() and (str(device).startswith("cuda") or device == "auto")
+    free = torch.cuda.mem_get_info()[0] if cuda else memory_available()
+    if n_params * bytes_per_param > free:
+        raise ValueError(f"the model has about {n_params:,} parameters: {n_params * bytes_per_param / 2**30:.1f} GiB "
+                         f"to train, more than the {free / 2**30:.1f} GiB free here; lower --n_embd or the depth")
 
 
 def memory_available():
@@ -182,6 +180,14 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"checkpoint {path} is not a checkpoint of this project (no 'model' weights in it)")
     return state
+
+
+def interrupted(ckpt_path):
+    """The KeyboardInterrupt a script re-raises on Ctrl-C, saying how to go on."""
+    how = last_good_checkpoint(ckpt_path)
+    if how.startswith("the last good"):
+        return KeyboardInterrupt(f"{how}: continue with --init_from=resume --out_dir={os.path.dirname(ckpt_path)}")
+    return KeyboardInterrupt(f"{how}: start again with --overwrite=True")
 
 
 def last_good_checkpoint(path):

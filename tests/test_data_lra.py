@@ -3,13 +3,15 @@ formats, the two generators' faithfulness, collate, caching and error messages."
 
 import os
 import pickle
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import data_lra as D  # noqa: E402
 
 
@@ -92,6 +94,13 @@ def test_listops_malformed_row_names_file_and_line(tmp_path):
         D.load_task("listops", "train", str(tmp_path), data_source="release")
     (folder / "basic_train.tsv").write_text("Source\tTarget\n( [MAX 2 ] )\n")
     with pytest.raises(ValueError, match=r"basic_train\.tsv, line 2"):
+        D.load_task("listops", "train", str(tmp_path), data_source="release")
+
+
+def test_listops_file_that_is_not_utf8_names_file_and_line(tmp_path):
+    folder = write_listops(tmp_path)
+    (folder / "basic_train.tsv").write_bytes(b"Source\tTarget\n( [MAX 2 ] )\t2\n( [MAX \xff ] )\t3\n")
+    with pytest.raises(ValueError, match=r"basic_train\.tsv, line 3: not UTF-8 text"):
         D.load_task("listops", "train", str(tmp_path), data_source="release")
 
 
@@ -353,11 +362,26 @@ def test_load_task_rejects_unknown_names_and_options(tmp_path):
         D.load_task("pathfinder", "train", str(tmp_path), difficulty="hard")
 
 
-def test_cli_rejects_unknown_keys_and_bad_values():
-    with pytest.raises(SystemExit, match="unknown key --bogus"):
-        D.parse_args(["--bogus=1"])
-    with pytest.raises(SystemExit, match="bad value for --n"):
-        D.parse_args(["--n=many"])
+@pytest.mark.parametrize("argv, words", [
+    (["--bogus=1"], "unknown key --bogus"), (["--n=many"], "--n=many: expected an integer"),
+    (["--n=-5"], "--n=-5 must be a positive"), (["--resolution=7"], "resolution must be one of"),
+    (["--difficulty=bogus"], "unknown difficulty 'bogus'"), (["--seed=-1"], "--seed=-1 must be in"),
+])
+def test_cli_rejects_unknown_keys_and_bad_values(argv, words):
+    with pytest.raises(ValueError, match=words):
+        D.parse_args(argv)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    for argv, words in ((["--difficulty=bogus"], "unknown difficulty"),
+                        (["--task=text", f"--data_dir={tmp_path}"], "aclImdb")):
+        proc = subprocess.run([sys.executable, "data_lra.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().startswith("error: ") and words in proc.stderr
+
+
+def test_cli_accepts_good_values():
     cfg = D.parse_args(["--task=listops", "--generate", "--n=10", "--seed=3"])
     assert (cfg["task"], cfg["generate"], cfg["n"], cfg["seed"]) == ("listops", True, 10, 3)
 
@@ -423,6 +447,21 @@ def test_pathfinder_release_decoded_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(D, "read_pathfinder_release", refuse)
     again = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", progress=False)
     assert len(first) == len(again) == 16 and torch.equal(first[0][0], again[0][0])
+    monkeypatch.undo()
+
+
+def test_pathfinder_release_cache_sees_a_replaced_png(tmp_path):
+    """Same name, same size, even the same modification time: the new pixels are read."""
+    from PIL import Image
+    folder = write_release(tmp_path, [(i, i % 2, grey(10 * i + 5)) for i in range(10)])
+    before = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", progress=False)
+    png = folder / "imgs" / "0" / "sample_0.png"
+    st = os.stat(png)
+    Image.fromarray(grey(200), mode="L").save(png)
+    os.utime(png, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = D.load_task("pathfinder", "train", str(tmp_path), difficulty="baseline", progress=False)
+    assert not torch.equal(torch.stack([after[i][0] for i in range(len(after))]),
+                           torch.stack([before[i][0] for i in range(len(before))]))
 
 
 def write_release(root, rows, resolution=32, difficulty="curv_baseline"):

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 import corpora
 import train_flt
 import train_spt
+import training
 from configurator import run_cli
 from training import load_checkpoint, read_log, save_checkpoint
 
@@ -77,11 +79,47 @@ def finished_spt(tmp_path_factory):
     ("--device=cuda:7" if not torch.cuda.is_available() else "--device=tpu", "--device="),
     ("--n_train=10", "fewer than one global batch"),
     ("--n_head=3", "not divisible by n_head=3"),
+    ("--device=mps", "--device=mps"),
+    ("--freeze=all", "--freeze=all leaves nothing to train"),
+    ("--n_embd=10000000", "lower --n_embd or the depth"),
+    ("--data_dir=/nonexistent", "--data_dir=/nonexistent does not apply to --task=synthetic"),
+    ("--seed=-1", "--seed=-1 is out of range"),
+    ("--seed=99999999999999", "--seed=99999999999999 is out of range"),
+    ("--pretrain_task=listops", "has vocabulary (size, pad, mask)"),
 ])
 def test_spt_bad_flag_is_one_line_before_any_work(tmp_path, flag, words):
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o", flag)
     assert status == 1 and words in message and "\n" not in message
     assert not os.path.exists(tmp_path / "o")                    # nothing written
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--pretrain_epochs=0", "--init_params=qk"], "--init_params=qk does not apply"),
+    (["--pretrain_epochs=0", "--spt_objective=causal"], "--spt_objective=causal does not apply"),
+    (["--pretrain_epochs=0", "--mask_ratio=0.9"], "--mask_ratio=0.9 does not apply"),
+    (["--pretrain_epochs=0", "--pretrain_lr=5.0"], "--pretrain_lr=5.0 does not apply"),
+    (["--report=out", "--lr=5.0"], "--report gathers finished runs and takes no other flag"),
+])
+def test_a_flag_that_would_do_nothing_is_refused(tmp_path, flags, words):
+    status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o", *flags)
+    assert status == 1 and words in message
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_pretraining_asked_for_beside_a_checkpoint_to_finetune_is_refused(finished_spt, tmp_path):
+    status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o", f"--init_from={finished_spt}/spt_best.pt",
+                          "--pretrain_epochs=5")
+    assert status == 1 and "--pretrain_epochs=5 does not apply" in message
+
+
+def test_nan_weights_in_a_checkpoint_to_finetune_from_are_named(finished_spt, tmp_path):
+    state = load_checkpoint(finished_spt / "spt_best.pt")
+    name = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][name] = state["model"][name] * float("nan")
+    torch.save(state, tmp_path / "nan.pt")                        # save_checkpoint would refuse it
+    status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o", f"--init_from={tmp_path}/nan.pt",
+                          "--pretrain_epochs=0")
+    assert status == 1 and "nan.pt holds NaN or inf weights" in message and "--lr" not in message
 
 
 @pytest.mark.parametrize("flag, words", [
@@ -116,6 +154,74 @@ def test_a_finished_run_is_not_overwritten_without_the_flag(finished_spt):
     status, message = cli(train_spt, *SPT, f"--out_dir={finished_spt}", "--lr=3e-3")
     assert status == 1 and "already holds a run" in message and "--overwrite=True" in message
     assert fingerprint(finished_spt) == before
+
+
+def test_overwrite_never_touches_a_folder_that_is_not_a_run(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("plot.png", "my_model.pt", "config.json", "notes.txt"):
+        (mine / name).write_text("the user's")
+    before = fingerprint(mine)
+    status, message = cli(train_spt, *SPT, f"--out_dir={mine}", "--overwrite=True")
+    assert status == 1 and "holds files that no run of this script writes" in message
+    assert fingerprint(mine) == before
+
+
+def test_a_refused_run_leaves_no_folder_and_an_old_temp_file_is_cleared(tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--n_train=10")[0] == 1   # refused after the lock
+    assert not out.exists()
+    out.mkdir()
+    (out / "ckpt.pt.tmp.99999999").write_bytes(b"half a checkpoint")      # left by a killed writer
+    assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
+    assert not [n for n in os.listdir(out) if ".tmp." in n]
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    def full(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(training.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
+    status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
+    assert status == 1 and "no space left to write" in message
+    assert not [n for n in os.listdir(tmp_path / "o") if ".tmp." in n]
+
+
+def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train_spt, "end_of_epoch", interrupt)
+    with pytest.raises(SystemExit) as e:
+        run_cli(train_spt.main, [*SPT, f"--out_dir={tmp_path}/o"])
+    assert e.value.code == 130
+    assert "no usable checkpoint" in capsys.readouterr().err          # none yet: it says so
+
+
+def test_debug_in_any_case_shows_the_traceback(tmp_path):
+    with pytest.raises(ValueError):
+        run_cli(train_spt.main, [*SPT, "--batch_size=0", "--debug=true"])
+
+
+def test_resuming_a_finished_run_keeps_its_spt_loss_and_adds_up_its_time(tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--halt_after_steps=5", "--ckpt_every=1")[0] == 1
+    first = load_checkpoint(out / "ckpt.pt")["wall_time"]
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--init_from=resume")[0] == 0
+    summary = json.load(open(out / "summary.json"))
+    assert summary["wall_time_s"] > first
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--init_from=resume")[0] == 0     # again, finished
+    again = json.load(open(out / "summary.json"))
+    assert again["spt_best_val_loss"] == summary["spt_best_val_loss"] is not None
+    assert again["wall_time_s"] >= summary["wall_time_s"]
+
+
+def test_a_damaged_checkpoint_is_refused_by_its_checksum(finished_spt, tmp_path):
+    data = bytearray(open(finished_spt / "spt_best.pt", "rb").read())
+    i = data.index(b"data/0") + 200                                 # inside the first tensor's bytes
+    data[i:i + 64] = bytes(64)
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="bad.pt is damaged"):
+        load_checkpoint(tmp_path / "bad.pt")
 
 
 def test_overwrite_removes_the_old_results_first(tmp_path):
