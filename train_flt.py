@@ -222,6 +222,8 @@ def check_config(cfg, explicit):
                               nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
                                            "sample_tokens", "softcap", "lm_head_std"),
                               fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"))
+    d = cfg["n_embd"]
+    training.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
     if cfg["osc_steps"] < 2:
         raise ValueError(f"--osc_steps={cfg['osc_steps']} is out of range: the statistic needs at least 2 steps")
     data = cfg["data"]
@@ -377,7 +379,7 @@ def main(argv=None):
         try:
             nan_stop = train(run)
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(training.last_good_checkpoint(run.ckpt_path)) from None
+            raise training.interrupted(run.ckpt_path) from None
         return finish(run, nan_stop)
 
 

@@ -134,6 +134,49 @@ def test_flt_bad_flag_is_one_line_before_any_work(tmp_path, text_file, flag, wor
     assert not os.path.exists(tmp_path / "o")
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--min_lr_frac=5.0", "--schedule=cosine"], "--min_lr_frac=5.0 is out of range"),
+    (["--seed=-5"], "--seed=-5 is out of range"),
+    (["--n_embd=10000000", "--n_head=1"], "lower --n_embd or the depth"),
+    (["--device=mps"], "--device=mps"),
+])
+def test_flt_bad_flag_writes_nothing(tmp_path, text_file, flags, words):
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={tmp_path}/o", *flags)
+    assert status == 1 and words in message
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_compare_never_writes_into_a_run_and_takes_no_training_flag(tmp_path, text_file):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}")[0] == 0
+    before = fingerprint(b)
+    status, message = cli(train_flt, f"--compare={a}", f"--out_dir={b}")
+    assert status == 1 and "holds a run" in message and fingerprint(b) == before
+    status, message = cli(train_flt, f"--compare={a}", "--n_loops=0", "--lr=-5")
+    assert status == 1 and "leave out --n_loops, --lr" in message
+    assert cli(train_flt, f"--compare={a},{b}", f"--out_dir={tmp_path}/cmp")[0] == 0
+    assert (tmp_path / "cmp" / "compare.md").exists()
+
+
+def test_resume_needs_its_own_script_and_its_log(tmp_path, text_file, finished_spt):
+    status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={finished_spt}", "--init_from=resume")
+    assert status == 1 and ("not written by train_flt.py" in message or "no run of this script" in message)
+    out = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
+    status, message = cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")
+    assert status == 1
+    os.remove(out / "log.jsonl")
+    status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume")
+    assert status == 1 and "log.jsonl is gone" in message
+
+
+def test_listops_that_cannot_fit_block_size_is_refused_quickly(tmp_path):
+    flags = [f for f in FLT if not f.startswith("--eval_batches")]
+    status, message = cli(train_flt, *flags, "--data=listops", "--block_size=8", f"--out_dir={tmp_path}/o")
+    assert status == 1 and "fit block_size=8" in message and not os.path.exists(tmp_path / "o")
+
+
 def test_scripts_print_one_line_and_no_traceback(tmp_path):
     for script, flags in (("train_spt.py", ["--task=synthetic", "--batch_size=0"]),
                           ("train_flt.py", ["--n_head=3", f"--out_dir={tmp_path}/o"])):
