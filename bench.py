@@ -488,7 +488,7 @@ def bench_cuda(cfg, dev):
 
 
 # -----------------------------------------------------------------------------
-# 6. Speed options for the CPU preset (issue 15): which make a CPU step faster?
+# 6. Speed options for the CPU preset: which make a CPU step faster?
 
 def cpu_option_steps(dims, T, B):
     """name -> (zero-argument training step, images per call) for the plain step

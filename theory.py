@@ -5,7 +5,7 @@ neighbours"; masked reconstruction is not. This script checks that statement
 exactly, measures how far it reaches beyond the abstraction, and claims nothing
 that does not hold across seeds.
 
-The statement (SPEC.md, "Theory, stated exactly"). One attention layer with
+The statement (Coser et al. 2026, the zero-gradient argument). One attention layer with
 scores S (T x T), A = softmax_rows(S), outputs o_i = sum_j A_ij v_j. At uniform
 initialisation S = 0, so A_ij = 1/T.
 

@@ -1,4 +1,4 @@
-"""The hostile-user cases behind the README's "Reliability" table, run against any
+"""The hostile-user cases behind REPORT.md's "Reliability" table, run against any
 checkout of this project (a few minutes on 2 cores; the fast tests of the same
 families are tests/test_reliability.py):
 
@@ -11,9 +11,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -154,13 +156,16 @@ def main():
     results["flt resume with a cut log line"] = classify(rc, o, expect_error=False, wrong=rc != 0)
     # a live writer
     os.makedirs("flt_lock", exist_ok=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    open("flt_lock/run.lock", "w").write(str(sleeper.pid))
+    holder = ("import fcntl, os, sys, time; f = open('flt_lock/run.lock', 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+              "f.write(str(os.getpid())); f.flush(); print('held', flush=True); time.sleep(120)")
+    sleeper = subprocess.Popen([sys.executable, "-c", holder], cwd=work, stdout=subprocess.PIPE, text=True)
+    sleeper.stdout.readline()
     open("flt_lock/config.json", "w").write("{}")
     before = fp("flt_lock")
     rc, o = run("train_flt.py", flt + ["--out_dir=flt_lock", "--overwrite=True"], work)
     sleeper.kill()
     results["flt second writer while one is live"] = classify(rc, o, changed=fp("flt_lock") != before)
+    round_two(results, work, flt)
     json.dump(results, open(RESULTS, "w"), indent=1)
     counts = {}
     for v in results.values():
@@ -169,6 +174,179 @@ def main():
     for k, v in results.items():
         if v != "ok":
             print(f"  {v:10s} {k}")
+
+
+def inproc(script, argv, patch=""):
+    """A script's command line run in a fresh Python after `patch` (a line of Python that
+    simulates what a test cannot arrange for real, e.g. a full disk)."""
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import configurator, torch, training, shutil, types; "
+            f"import {script} as s; {patch}; configurator.run_cli(s.main, {argv!r})")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return p.returncode, p.stderr + p.stdout
+    except subprocess.TimeoutExpired:
+        return None, "hang"
+
+
+def timed(script, args, cwd, limit):
+    """run(), and 'slow' when a refusal took longer than `limit` seconds."""
+    t0 = time.time()
+    rc, o = run(script, args, cwd)
+    return rc, o, time.time() - t0 > limit
+
+
+def one_line_error(rc, o):
+    lines = [line for line in o.strip().splitlines() if line.startswith("error: ")]
+    return rc == 1 and len(lines) == 1
+
+
+def round_two(results, work, flt):
+    """The second hostile audit's families: data loss, tracebacks, silently wrong, unclear."""
+    # data loss: --overwrite on a folder that is not a run
+    os.makedirs("mine", exist_ok=True)
+    for name in [f"plot{i}.png" for i in range(16)] + ["my_model.pt", "config.json", "notes.txt"]:
+        open(os.path.join("mine", name), "w").write("the user's")
+    before = fp("mine")
+    rc, o = run("train_spt.py", SPT + ["--out_dir=mine", "--overwrite=True"], work)
+    results["2 overwrite on a folder that is not a run"] = classify(rc, o, changed=fp("mine") != before)
+    # data loss: --compare into a finished run
+    run("train_flt.py", flt + ["--out_dir=cmp_a"], work)
+    run("train_flt.py", flt + ["--out_dir=cmp_b"], work)
+    before = fp("cmp_b")
+    rc, o = run("train_flt.py", ["--compare=cmp_a", "--out_dir=cmp_b"], work)
+    results["2 compare into a run folder"] = classify(rc, o, changed=fp("cmp_b") != before)
+    # data loss: two runs started together on one folder (one prepares ListOps data first)
+    procs = [subprocess.Popen([sys.executable, os.path.join(REPO, "train_spt.py"), *a, "--out_dir=race"], cwd=work,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+             for a in (SPT, ["--task=listops", "--n_generate=400", "--n_train=64", "--n_eval=32", "--depth=1",
+                             "--n_embd=16", "--n_head=2", "--batch_size=32", "--epochs=1", "--pretrain_epochs=1",
+                             "--max_len=600", "--data_dir=race_data"])]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    task = json.load(open("race/config.json"))["task"] if os.path.exists("race/config.json") else None
+    winner = "synthetic" if procs[0].returncode == 0 else "listops"
+    results["2 two runs started together on one folder"] = (
+        "ok" if codes == [0, 1] and task == winner and any("in use by another run" in o for o in outs) else
+        "traceback" if any("Traceback" in o for o in outs) else "data-loss")
+    # tracebacks that must be one line
+    patch = ("torch.save = lambda *a, **k: (_ for _ in ()).throw(RuntimeError('[enforce fail at "
+             "inline_container.cc:672] . PytorchStreamWriter failed writing file')); "
+             "training.shutil.disk_usage = lambda p: types.SimpleNamespace(free=0)")
+    rc, o = inproc("train_spt", SPT + ["--out_dir=full_spt"], patch)
+    tmp_left = os.path.isdir("full_spt") and any(".tmp." in n for n in os.listdir("full_spt"))
+    results["2 spt disk full mid-run"] = classify(rc, o, wrong=tmp_left or not one_line_error(rc, o))
+    rc, o = inproc("train_flt", flt + ["--out_dir=full_flt"], patch)
+    tmp_left = os.path.isdir("full_flt") and any(".tmp." in n for n in os.listdir("full_flt"))
+    results["2 flt disk full mid-run"] = classify(rc, o, wrong=tmp_left or not one_line_error(rc, o))
+    rc, o = run("train_flt.py", ["--compare=cmp_a", "--out_dir=/sys/not_writable"], work)
+    results["2 compare into a folder that cannot be written"] = classify(rc, o, wrong=not one_line_error(rc, o))
+    for name, script, args in (("spt --device=mps", "train_spt.py", SPT + ["--device=mps", "--out_dir=mps"]),
+                               ("flt --device=mps", "train_flt.py", flt + ["--device=mps", "--out_dir=mps"]),
+                               ("spt --freeze=all", "train_spt.py", SPT + ["--freeze=all", "--out_dir=frz"]),
+                               ("bench --only=bogus", "bench.py", ["--only=bogus"])):
+        rc, o = run(script, args, work)
+        results[f"2 {name}"] = classify(rc, o, wrong=not one_line_error(rc, o) or os.path.exists("frz"))
+    rc, o, slow = timed("train_spt.py", SPT + ["--n_embd=10000000", "--n_head=1", "--out_dir=huge"], work, 20)
+    results["2 spt --n_embd=10000000"] = classify(rc, o, wrong=slow or not one_line_error(rc, o))
+    os.makedirs("lo_bad/listops-1000", exist_ok=True)
+    for split in ("train", "val", "test"):
+        open(f"lo_bad/listops-1000/basic_{split}.tsv", "w").write("Source\tTarget\n( [MAX 2 [FOO ] )\t3\n")
+    for name, args in (("bad ListOps row", ["--task=listops", "--data_dir=lo_bad"]),
+                       ("--difficulty=bogus", ["--difficulty=bogus"]),
+                       ("--task=text without files", ["--task=text", "--data_dir=nothing_here"]),
+                       ("--resolution=7", ["--resolution=7"]),
+                       ("--n=-5", ["--task=listops", "--generate", "--n=-5", "--data_dir=neg"])):
+        rc, o = run("data_lra.py", args, work)
+        results[f"2 data_lra.py {name}"] = classify(rc, o, wrong=not one_line_error(rc, o))
+    # silently wrong
+    for name, script, args in (
+            ("compare with training flags", "train_flt.py", ["--compare=cmp_a", "--n_loops=0", "--lr=-5"]),
+            ("report with training flags", "train_spt.py", ["--report=spt_done", "--lr=5.0", "--out_dir=x"]),
+            ("synthetic --data_dir", "train_spt.py", SPT + ["--data_dir=/nonexistent", "--out_dir=dd"]),
+            ("--pretrain_epochs=0 --init_params=qk", "train_spt.py",
+             SPT + ["--pretrain_epochs=0", "--init_params=qk", "--out_dir=ip"]),
+            ("SPT flags without SPT", "train_spt.py", SPT + ["--pretrain_epochs=0", "--spt_objective=causal",
+                                                             "--mask_ratio=0.9", "--pretrain_lr=5.0", "--out_dir=so"]),
+            ("--init_from=CKPT --pretrain_epochs=5", "train_spt.py",
+             SPT + ["--init_from=spt_done/spt_best.pt", "--pretrain_epochs=5", "--out_dir=if"]),
+            ("flt --min_lr_frac=5.0", "train_flt.py", flt + ["--min_lr_frac=5.0", "--schedule=cosine", "--out_dir=ml"]),
+            ("data_lra --n=-5", "data_lra.py", ["--task=listops", "--generate", "--n=-5"])):
+        rc, o = run(script, args, work)
+        results[f"2 {name}"] = classify(rc, o)
+    rc, o = run("train_spt.py", ["--task=synthetic", "--batch_size=0", "--debug=true"], work)
+    results["2 --debug=true shows the traceback"] = "ok" if "Traceback" in o else "silent"
+    data = bytearray(open("spt_done/spt_best.pt", "rb").read())
+    i = data.index(b"data/0") + 200
+    data[i:i + 64] = bytes(64)
+    open("damaged.pt", "wb").write(bytes(data))
+    rc, o = run("train_spt.py", SPT + ["--pretrain_epochs=0", "--init_from=damaged.pt", "--out_dir=dmg"], work)
+    results["2 checkpoint with 64 bytes overwritten"] = classify(rc, o)
+    rc, o = inproc("data_lra", [], patch=(
+        "import numpy as np, os; from PIL import Image; D = s; root = 'rel_data'; "
+        "imgs, labels = D.ensure_pathfinder(root, n=20, seed=0, difficulty='baseline', progress=False); "
+        "D.export_pathfinder_lra(D.pathfinder_folder(root, 32, 'baseline'), imgs, labels, contour_length=6); "
+        "a = D.load_task('pathfinder', 'train', root, difficulty='baseline', progress=False); "
+        "d = D.pathfinder_folder(root, 32, 'baseline'); m = open(os.path.join(d, 'metadata', '0.npy')).read().split(); "
+        "png = os.path.join(d, m[0], m[1]); st = os.stat(png); "
+        "Image.fromarray(np.full((32, 32), 200, np.uint8), mode='L').save(png); "
+        "os.utime(png, ns=(st.st_atime_ns, st.st_mtime_ns)); "
+        "b = D.load_task('pathfinder', 'train', root, difficulty='baseline', progress=False); "
+        "same = all(torch.equal(a[i][0], b[i][0]) for i in range(len(a))); "
+        "print('STALE' if same else 'FRESH'); sys.exit(0)"))
+    results["2 PathFinder release cache after a PNG is replaced"] = "ok" if "FRESH" in o else classify(rc, o, wrong=True)
+    run("train_spt.py", SPT + ["--out_dir=fin", "--halt_after_steps=5", "--ckpt_every=1"], work)
+    run("train_spt.py", ["--task=synthetic", "--out_dir=fin", "--init_from=resume"], work)
+    first = json.load(open("fin/summary.json"))
+    rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=fin", "--init_from=resume"], work)
+    again = json.load(open("fin/summary.json"))
+    results["2 resume of a finished run keeps its SPT loss and time"] = classify(
+        rc, o, expect_error=False, wrong=again["spt_best_val_loss"] is None or
+        again["wall_time_s"] < first["wall_time_s"])
+    run("train_flt.py", flt + ["--out_dir=nolog", "--stop_step=2"], work)
+    os.remove("nolog/log.jsonl")
+    rc, o = run("train_flt.py", flt + ["--out_dir=nolog", "--init_from=resume"], work)
+    results["2 flt resume after log.jsonl was deleted"] = classify(rc, o)
+    # unclear messages
+    for name, script, args, words in (
+            ("spt --seed=-1", "train_spt.py", SPT + ["--seed=-1", "--out_dir=s1"], "--seed=-1"),
+            ("spt huge seed", "train_spt.py", SPT + ["--seed=99999999999999999999", "--out_dir=s2"], "--seed="),
+            ("flt --seed=-5", "train_flt.py", flt + ["--seed=-5", "--out_dir=s3"], "--seed=-5"),
+            ("spt ckpt resumed by flt", "train_flt.py", flt + ["--out_dir=spt_done", "--init_from=resume"], "train_flt"),
+            ("flt ckpt resumed by spt", "train_spt.py", ["--task=synthetic", "--out_dir=flt_done",
+                                                          "--init_from=resume"], "train_spt")):
+        rc, o = run(script, args, work)
+        unclear = words not in o or os.path.exists("s3")
+        results[f"2 {name}"] = classify(rc, o, wrong=unclear)
+    state = torch.load("spt_done/spt_best.pt", weights_only=True)
+    k = next(k for k, v in state["model"].items() if v.is_floating_point())
+    state["model"][k] = state["model"][k] * float("nan")
+    torch.save(state, "nanw.pt")
+    rc, o = run("train_spt.py", SPT + ["--pretrain_epochs=0", "--init_from=nanw.pt", "--out_dir=nw"], work)
+    results["2 NaN weights in --init_from"] = classify(rc, o, wrong="nanw.pt" not in o or "--lr" in o)
+    os.makedirs("lo_utf/listops-1000", exist_ok=True)
+    for split in ("train", "val", "test"):
+        open(f"lo_utf/listops-1000/basic_{split}.tsv", "wb").write(b"Source\tTarget\n( [MAX \xff ] )\t3\n")
+    rc, o = run("train_spt.py", ["--task=listops", "--data_dir=lo_utf", "--data_source=release", "--out_dir=u8"], work)
+    results["2 ListOps file that is not UTF-8"] = classify(rc, o, wrong="basic_train.tsv, line 2" not in o)
+    os.makedirs("pid1", exist_ok=True)
+    open("pid1/run.lock", "w").write("1")
+    rc, o = run("train_flt.py", flt + ["--out_dir=pid1"], work)
+    results["2 a lock naming a live unrelated pid (1)"] = classify(rc, o, expect_error=False, wrong=rc != 0)
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, "train_spt.py"), *SPT, "--epochs=50", "--out_dir=cc"],
+                         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    while not os.path.exists("cc/log.jsonl") and p.poll() is None:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    o = p.communicate(timeout=120)[0]
+    right = p.returncode == 130 and ("continue with --init_from=resume" in o or "start again" in o)
+    results["2 Ctrl-C says how to go on, exit 130"] = "traceback" if "Traceback" in o else "ok" if right else "silent"
+    rc, o, slow = timed("train_flt.py", FLT + ["--data=listops", "--block_size=8", "--out_dir=lo8"], work, 30)
+    results["2 flt listops --block_size=8 refused quickly"] = classify(rc, o, wrong=slow)
+    rc, o, slow = timed("train_spt.py", SPT + ["--pretrain_task=listops", "--data_dir=pt_lo", "--out_dir=ptl"], work, 20)
+    results["2 spt --pretrain_task=listops refused quickly"] = classify(rc, o, wrong=slow or os.path.exists("pt_lo"))
 
 
 main()

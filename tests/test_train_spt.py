@@ -217,7 +217,7 @@ def test_report_averages_runs_that_differ_only_in_seed():
     assert "| 20 |" in rows[2] and "| 1 | 0.400 +- 0.000 |" in rows[2]
 
 
-# --preset=cpu (issue 15): the CPU-scale LRA setting, shrunk to 20 steps
+# --preset=cpu: the CPU-scale LRA setting, shrunk to 20 steps
 PRESET_20_STEPS = ["--preset=cpu", "--n_train=80", "--n_eval=16", "--batch_size=8", "--pretrain_epochs=1",
                    "--epochs=1", "--log_every=1", "--patience=0"]
 
