@@ -8,12 +8,16 @@ before any work; a user error is one line on stderr, never a traceback.
   flag_value     the raw value of one flag (for the flags that pick other defaults)
   check_ranges   every numeric flag inside its range
   resume_config  what a resumed run continues with (safe flags may change)
+  check_memory   a model too large for this machine, refused before anything is allocated
 """
 
 import ast
 import errno
 import math
+import os
 import sys
+
+import torch
 
 # What a user can cause: a bad flag, a missing or malformed file, a folder in use, a
 # run that diverged. Anything else is a bug in this code and keeps its traceback.
@@ -149,3 +153,22 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"], init_from="resume")
     config["resumes"] = list(saved.get("resumes", [])) + [changed]
     return config, changed
+
+
+def check_memory(n_params, device, bytes_per_param=16):
+    """Refuse, before anything is allocated, a model whose weights, gradients and two AdamW
+    moments (4 x 4 bytes a parameter) exceed the memory this device has free."""
+    cuda = torch.cuda.is_available() and (str(device).startswith("cuda") or device == "auto")
+    free = torch.cuda.mem_get_info()[0] if cuda else memory_available()
+    if n_params * bytes_per_param > free:
+        raise ValueError(f"the model has about {n_params:,} parameters: {n_params * bytes_per_param / 2**30:.1f} GiB "
+                         f"to train, more than the {free / 2**30:.1f} GiB free here; lower --n_embd or the depth")
+
+
+def memory_available():
+    """Bytes of RAM the kernel says can be had without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

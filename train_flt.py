@@ -223,7 +223,7 @@ def check_config(cfg, explicit):
                                            "sample_tokens", "softcap", "lm_head_std"),
                               fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"))
     d = cfg["n_embd"]
-    training.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
+    configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
     if cfg["osc_steps"] < 2:
         raise ValueError(f"--osc_steps={cfg['osc_steps']} is out of range: the statistic needs at least 2 steps")
     data = cfg["data"]
@@ -596,7 +596,7 @@ def grad_sync(model, rt, last_micro):
 def mean_over_ranks(loss, res_norms, rt):
     """The step's loss (float) and per-loop residual norms (tensor), averaged over
     DDP ranks (unchanged without DDP)."""
-    loss = training.all_reduce_mean(loss, rt)
+    loss = all_reduce_mean(loss, rt)
     if rt.ddp:
         dist.all_reduce(res_norms)
         res_norms /= rt.world_size
@@ -668,6 +668,15 @@ def finish(r, nan_stop):
     if rt.ddp:
         dist.destroy_process_group()
     return summary
+
+
+def all_reduce_mean(value, rt):
+    """Mean of a python float over DDP ranks (identity without DDP)."""
+    if not rt.ddp:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t)
+    return t.item() / rt.world_size
 
 
 def replicas_identical(model):

@@ -53,10 +53,11 @@ from tqdm import tqdm
 
 import analysis
 import synthetic
-from configurator import check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config, run_cli
+from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
+                          run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, check_memory, interrupted, last_good_checkpoint, load_checkpoint, load_state,
-                      lr_at, save_checkpoint, setup_runtime, unwrap, weights_finite)
+from training import (RunFolder, RunLog, interrupted, last_good_checkpoint, load_checkpoint, load_state,
+                      lr_at, save_checkpoint, setup_runtime, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -926,7 +927,8 @@ def summarize(cfg, rt, model, log, seen, val_ds, results):
     summary = dict(task=cfg["task"], depth=cfg["depth"], pretrain_epochs=results.pop("pretrain_epochs"),
                    epochs=cfg["epochs"], pretrain_task=cfg["pretrain_task"] or cfg["task"],
                    init_from=cfg["init_from"], init_params=cfg["init_params"], freeze=cfg["freeze"],
-                   pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], **results,
+                   pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"],
+                   **results,
                    n_params=model.num_params(), world_size=rt.world_size)
     if rt.ddp:
         summary["replica_max_diff"] = replica_max_diff(model, rt)
@@ -961,6 +963,12 @@ def stage_statistics(reports):
         out["mass2d_r1_uniform"] = reports["init"]["mass_2d"]["uniform"][r1]
     out["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][w2]
     return out
+
+
+def unwrap(model):
+    """The bare model under DDP and torch.compile wrappers."""
+    model = model.module if hasattr(model, "module") else model
+    return getattr(model, "_orig_mod", model)
 
 
 def replica_max_diff(model, rt):

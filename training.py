@@ -77,34 +77,6 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
     return Runtime(device, kind, getattr(torch, dtype), ddp, rank, local_rank, world_size)
 
 
-def all_reduce_mean(value, rt):
-    """Mean of a python float over DDP ranks (identity without DDP)."""
-    if not rt.ddp:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
-    dist.all_reduce(t)
-    return t.item() / rt.world_size
-
-
-def check_memory(n_params, device, bytes_per_param=16):
-    """Refuse, before anything is allocated, a model whose weights, gradients and two AdamW
-    moments (4 x 4 bytes a parameter) exceed the memory this device has free."""
-    cuda = torch.cuda.is_available() and (str(device).startswith("cuda") or device == "auto")
-    free = torch.cuda.mem_get_info()[0] if cuda else memory_available()
-    if n_params * bytes_per_param > free:
-        raise ValueError(f"the model has about {n_params:,} parameters: {n_params * bytes_per_param / 2**30:.1f} GiB "
-                         f"to train, more than the {free / 2**30:.1f} GiB free here; lower --n_embd or the depth")
-
-
-def memory_available():
-    """Bytes of RAM the kernel says can be had without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 # -----------------------------------------------------------------------------
 # Learning-rate schedule
 
@@ -217,12 +189,6 @@ def load_state(model, state_dict, strict=True):
         raise ValueError("checkpoint does not fit the model (check the model flags, e.g. n_embd, n_layer, "
                          "vocab_size, max_len):\n  " + "\n  ".join(lines))
     model.load_state_dict(state_dict, strict=strict)
-
-
-def unwrap(model):
-    """The bare model under DDP and torch.compile wrappers."""
-    model = model.module if hasattr(model, "module") else model
-    return getattr(model, "_orig_mod", model)
 
 
 def grad_norm(parameters):
