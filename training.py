@@ -266,9 +266,12 @@ class RunFolder:
             present.remove(n)
         foreign = [n for n in present if not any(fnmatch.fnmatch(n, p) for p in self.names)]
         if foreign:
-            raise FileExistsError(f"--out_dir={self.dir} holds files that no run of this script writes ("
-                                  f"{', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); choose an "
-                                  f"empty or new --out_dir")
+            names = f"{', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}"
+            if "config.json" in present and "log.jsonl" in present:
+                raise FileExistsError(f"--out_dir={self.dir} holds a run of another script ({names} are not "
+                                      f"this script's files); use that script, or choose another --out_dir")
+            raise FileExistsError(f"--out_dir={self.dir} holds files that no run of this script writes ({names}); "
+                                  f"choose an empty or new --out_dir")
         found = [f for f in RESULT_FILES if f in present]
         if self.resume and "ckpt.pt" not in found:
             raise FileNotFoundError(f"--init_from=resume but {os.path.join(self.dir, 'ckpt.pt')} does not exist; "

@@ -313,9 +313,10 @@ def round_two(results, work, flt):
             ("spt --seed=-1", "train_spt.py", SPT + ["--seed=-1", "--out_dir=s1"], "--seed=-1"),
             ("spt huge seed", "train_spt.py", SPT + ["--seed=99999999999999999999", "--out_dir=s2"], "--seed="),
             ("flt --seed=-5", "train_flt.py", flt + ["--seed=-5", "--out_dir=s3"], "--seed=-5"),
-            ("spt ckpt resumed by flt", "train_flt.py", flt + ["--out_dir=spt_done", "--init_from=resume"], "train_flt"),
+            ("spt ckpt resumed by flt", "train_flt.py", flt + ["--out_dir=spt_done", "--init_from=resume"],
+             "another script"),
             ("flt ckpt resumed by spt", "train_spt.py", ["--task=synthetic", "--out_dir=flt_done",
-                                                          "--init_from=resume"], "train_spt")):
+                                                          "--init_from=resume"], "another script")):
         rc, o = run(script, args, work)
         unclear = words not in o or os.path.exists("s3")
         results[f"2 {name}"] = classify(rc, o, wrong=unclear)
