@@ -59,6 +59,8 @@ Departure: lines wider than one blown-up pixel (Path-X, 128 px) are rasterised a
 pixels within half the width of the segment; Pillow draws them as polygons.
 """
 
+import functools
+
 import numpy as np
 
 VERSION = 3  # bump whenever the images for a given seed change: caches are keyed on it
@@ -215,13 +217,10 @@ class Sprites:
         return np.stack([key // side - self.reach, key % side - self.reach], -1)
 
 
-_SPRITES = {}
-
-
+@functools.lru_cache(maxsize=None)
 def sprites(resolution, margin):
-    if (resolution, margin) not in _SPRITES:
-        _SPRITES[resolution, margin] = Sprites(params(resolution), margin)
-    return _SPRITES[resolution, margin]
+    """The Sprites of a resolution and margin, built once per process."""
+    return Sprites(params(resolution), margin)
 
 
 # -----------------------------------------------------------------------------
@@ -388,23 +387,24 @@ def occupancy_seeds(sp, occupied, border_quirk):
     return fits, lambda rng, rows, keys: _free_pixel(rng, _seed_free(sp, framed[rows], keys, border_quirk))
 
 
-_CENTRAL = {}
+@functools.lru_cache(maxsize=None)
+def _central_free_pixels(R, margin, border_quirk):
+    """Per orientation, the free pixels a first target may start on, and how many: the
+    occupancy is the same for every image (a frame of 2 seed_distance), so listed once."""
+    p, sp = params(R), sprites(R, margin)
+    central = np.maximum(_frame(R, p["padding"]), _frame(R, min(2 * p["seed_distance"], R // 2)))
+    keys = np.arange(len(sp.mask))
+    free = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
+    count = free.sum((1, 2))
+    listed = np.zeros((len(keys), max(count.max(), 1), 2), np.int64)
+    for k in keys:
+        listed[k, :count[k]] = np.argwhere(free[k])
+    return listed, count
 
 
 def central_seeds(R, p, sp, margin, border_quirk):
-    """`where` of the first target's seed: the occupancy is the same for every image (a frame
-    of 2 seed_distance), so the free pixels of each orientation are listed once."""
-    key = (R, margin, border_quirk)
-    if key not in _CENTRAL:
-        central = np.maximum(_frame(R, p["padding"]), _frame(R, min(2 * p["seed_distance"], R // 2)))
-        keys = np.arange(len(sp.mask))
-        free = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
-        count = free.sum((1, 2))
-        listed = np.zeros((len(keys), max(count.max(), 1), 2), np.int64)
-        for k in keys:
-            listed[k, :count[k]] = np.argwhere(free[k])
-        _CENTRAL[key] = listed, count
-    listed, count = _CENTRAL[key]
+    """`where` of the first target's seed, from the listing above."""
+    listed, count = _central_free_pixels(R, margin, border_quirk)
 
     def pick(rng, rows, keys):
         j = np.floor(rng.random(len(keys)) * count[keys]).astype(np.int64)
