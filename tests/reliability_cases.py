@@ -335,9 +335,12 @@ def round_two(results, work, flt):
     open("pid1/run.lock", "w").write("1")
     rc, o = run("train_flt.py", flt + ["--out_dir=pid1"], work)
     results["2 a lock naming a live unrelated pid (1)"] = classify(rc, o, expect_error=False, wrong=rc != 0)
+    # The child gets Ctrl-C's default handling even when this harness was started in the
+    # background, where a shell sets SIGINT to "ignore" and every child inherits that.
     p = subprocess.Popen([sys.executable, os.path.join(REPO, "train_spt.py"), *SPT, "--epochs=50", "--out_dir=cc"],
                          cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS="1"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not os.path.exists("cc/log.jsonl") and p.poll() is None:
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)
