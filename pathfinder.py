@@ -63,7 +63,7 @@ import functools
 
 import numpy as np
 
-VERSION = 3  # bump whenever the images for a given seed change: caches are keyed on it
+VERSION = 4  # bump whenever the images for a given seed change: caches are keyed on it
 
 # LRA's arguments to snakes2 (lra_benchmarks/data/pathfinder.py), per resolution; the rest
 # are the wrapper's defaults. A margin is drawn per image from `margins`.
@@ -181,7 +181,9 @@ class Sprites:
         for k in range(side * side):
             dy, dx = k // side - reach, k % side - reach
             drawn = line_pixels(big, self.centre, dy, dx, width).astype(np.uint8) * 255
-            self.line[k] = shrink(drawn, 2 * h + 1) / 255
+            # rounded to float32: the original draws each paddle on a float32 ('F') PIL layer
+            # (snakes.py), and float64 would round .5 ties to another grey level in finish()
+            self.line[k] = (shrink(drawn, 2 * h + 1) / 255).astype(np.float32)
             self.mask[k] = shrink(dilate(drawn.astype(float), dilation).astype(np.uint8), 2 * h + 1) / 255
         self.seed_footprints(L, margin)
 

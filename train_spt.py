@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import analysis
+import cost
 import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
@@ -98,14 +99,15 @@ DEFAULTS = dict(
     warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
     pretrain_lr=0.0,         # 0 = same as lr
     pretrain_schedule="",    # "" = same as schedule
-    preset="",               # "" or cpu: a named set of overrides, applied before the flags (PRESETS)
+    preset="",               # "", cpu or cpu_rescue: a named set of overrides, applied before the flags (PRESETS)
     # logging and analysis
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
     snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
     halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
     report="",               # comma list of folders: gather their summary.json into a table
     # system
-    device="auto", dtype="auto", compile=False, num_workers=0, debug=False,
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
+    compile=False, num_workers=0, debug=False,
 )
 
 # Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-
@@ -153,11 +155,12 @@ PRESETS = {
     "": {},
     "cpu": {
         # Runs of a few epochs: a warmup of 5% of the phase and a cosine decay instead of
-        # thousands of warmup steps at a constant rate; clipping and early stopping. bf16
-        # autocast: 0.87-0.88 of the float32 step's time at depth 1 and 4 (bench.py --only=cpu,
-        # idle machine); every core by default when a run is alone (0.54-0.57 with 2 threads).
+        # thousands of warmup steps at a constant rate; clipping and early stopping. dtype
+        # fast: bf16 autocast where the CPU computes bf16 (0.87-0.88 of the float32 step at
+        # depth 1 and 4 on such a CPU), float32 where it would be emulated (an AVX2-only CPU:
+        # 5x slower in bf16). Every core by default when a run is alone.
         "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
-                  grad_clip=1.0, patience=20, dtype="bfloat16"),
+                  grad_clip=1.0, patience=20, dtype="fast"),
         # About 56 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
         # 8,000 images of 1,024 pixels); SPT at a higher lr, as it must get below the pixels'
         # unigram entropy (0.79 nats) to teach anything. --depth=4 is about 4x slower.
@@ -169,6 +172,18 @@ PRESETS = {
         # 2% splits of 12,500, cut by n_train), as 100 would leave +-4 points of sampling noise.
         "listops": dict(n_generate=12_500, n_train=4_800, depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3,
                         pretrain_lr=3e-3, batch_size=32, pretrain_epochs=6, epochs=4, save_epochs="1,2,5"),
+    },
+    # SPT against scratch on PathFinder in hours of one core (tools/lra_rescue.py runs its
+    # arms; REPORT.md, A9, says why each value): a low-data regime (4,000 training images
+    # of LRA's 160,000), one layer (LRA's own PathFinder Transformer), batch 8 (a fifth of
+    # batch 32's step time on a CPU), constant rates after a 5% warmup, so that a longer
+    # from-scratch run starts as the shorter one. SPT 2,000 steps, finetuning 500.
+    "cpu_rescue": {
+        "*": dict(schedule="constant", pretrain_schedule="constant", warmup_steps=0, pretrain_warmup_steps=0,
+                  warmup_frac=0.05, grad_clip=1.0, patience=0, dtype="fast"),
+        "pathfinder": dict(difficulty="baseline", n_generate=10_000, n_train=4_000, depth=1, n_embd=64,
+                           n_head=4, lr=1e-3, pretrain_lr=3e-3, batch_size=8, pretrain_epochs=4, epochs=1,
+                           save_epochs="1,2,3,4"),
     },
 }
 
@@ -838,6 +853,7 @@ def main(argv=None):
             if changed:
                 print(f"resuming with changed flags (checkpoint's -> now): {changed}")
         rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
+        cost.announce(cfg, rt)                                        # a long run says so first
         data = load_splits(cfg, rt)
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         folder.begin()                                                # every check passed: write

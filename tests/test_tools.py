@@ -121,3 +121,53 @@ def test_plateau_report_finds_the_first_spt_epoch_below_the_threshold(tmp_path, 
     assert "below 0.7 after epoch 3 (step 750, 0.6900)" in out and "| 4 | 1000 | 0.7100 | - |" in out
     with pytest.raises(FileNotFoundError, match="log.jsonl does not exist"):
         spt_plateau.main([f"--runs={tmp_path / 'nowhere'}"])
+
+
+# tools/lra_rescue.py: the PathFinder rescue's seed runs, verdict and figures
+from tools import lra_rescue as rescue  # noqa: E402
+
+
+@pytest.mark.parametrize("spt,scratch,long,expected", [
+    ([0.62, 0.60, 0.66], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "rescued"),
+    ([0.56, 0.55, 0.57], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "separated, small gap"),
+    ([0.62, 0.51, 0.66], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "not separated"),   # one SPT seed inside
+    ([0.45, 0.46, 0.44], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "worse"),
+    ([0.62, 0.60], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "too few seeds (3 per arm needed)"),
+])
+def test_rescue_verdict_follows_the_rule_written_before_the_runs(spt, scratch, long, expected):
+    assert rescue.verdict(spt, {"scratch": scratch, "long": long}) == expected
+
+
+def test_rescue_chance_band_is_two_standard_errors_of_the_test_split():
+    assert rescue.at_chance([0.49, 0.51, 0.50], n_test=1000)          # s.e. of the mean of 3: 0.0091
+    assert not rescue.at_chance([0.53, 0.52, 0.53], n_test=1000)
+    assert rescue.standard_error(0.5, 1000) == pytest.approx(0.0158, abs=1e-4)
+
+
+def test_rescue_lists_every_arm_and_seed_with_the_scratch_lr_from_the_grid(capsys):
+    rescue.main(["--action=run", "--dry=True", "--out=/o"])
+    runs = capsys.readouterr().out.strip().splitlines()
+    assert len(runs) == 3 + 3 + 2 + 3 * 4                                # grid, SPT, scratch (s1, s2), 4 arms
+    assert all("--task=pathfinder --preset=cpu_rescue" in r for r in runs)
+    grid = [r for r in runs if "grid_lr" in r]
+    assert [r.split("--lr=")[1].split()[0] for r in grid] == ["0.001", "0.0005", "0.0001"]
+    long = [r for r in runs if "/long_s" in r]
+    assert len(long) == 3 and all("--epochs=5 " in r and "--lr=BEST_LR" in r for r in long)   # 4 SPT + 1 epochs
+    assert all("--pos_enc=learned" in r for r in runs if "/learned_s" in r)
+    assert all("--init_from=/o/spt_s" in r and "--init_params=qk" in r for r in runs if "/qk_s" in r)
+
+
+@pytest.mark.slow
+def test_rescue_runs_small_then_reports_and_skips_finished_runs(tmp_path, capsys):
+    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
+            "--log_every=1 --dtype=float32")
+    args = ["--action=run", f"--out={tmp_path / 'out'}", "--seeds=0", f"--extra={tiny}"]
+    rescue.main(args)
+    out = capsys.readouterr().out
+    assert out.count("done: ") == 8 and "FAILED" not in out and "every run finished" in out
+    assert (tmp_path / "out" / "long_s0" / "command.txt").exists()
+    text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", "--seeds=0"])
+    assert "| spt | 1 |" in text and "too few seeds" in text
+    assert (tmp_path / "out" / "rescue_curves.png").exists() and (tmp_path / "out" / "rescue_attention_2d.png").exists()
+    rescue.main(args)
+    assert "start:" not in capsys.readouterr().out                        # nothing run again

@@ -4,6 +4,7 @@ they say, runs resume exactly, and bad flags are refused."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -314,3 +315,33 @@ def test_both_pixel_encoders_run_spt_then_finetuning_on_pathfinder(tmp_path):
         state = load_checkpoint(out / "spt_best.pt")["model"]
         assert first_layer in state and state["lm_head.weight"].shape[0] == (256 if encoder == "linear" else 258)
         assert summary["init"] == "amos" and summary["steps"] == 4 and summary["spt_best_val_loss"] < 6.0
+
+
+# The main command's cost, said before any work
+def test_main_command_says_its_cost_and_the_shorter_commands_before_any_data(tmp_path, monkeypatch, capsys):
+    import data_lra
+
+    class NoData(Exception):
+        pass
+
+    def no_data(*args, **kwargs):
+        raise NoData
+    monkeypatch.setattr(data_lra, "load_task", no_data)
+    with pytest.raises(NoData):                                   # stopped where the data would be made
+        train_spt.main(["--task=pathfinder", "--depth=1", f"--data_dir={tmp_path / 'data'}",
+                        f"--out_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert "generating 200,000 PathFinder images first: about" in out
+    assert re.search(r"50 SPT \+ 200 finetuning epochs of 5,000 steps \(batch 32\): about [\d.]+ (h|days)", out)
+    assert "python train_spt.py --task=synthetic" in out and "python tools/lra_rescue.py run" in out
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
+    import cost
+    from training import setup_runtime
+    cfg = train_spt.get_config(["--task=pathfinder", *PRESET_20_STEPS, "--n_generate=200",
+                                f"--data_dir={tmp_path / 'data'}"])
+    gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))
+    assert 0 < gen_s + train_s < cost.ANNOUNCE_ABOVE_S and capsys.readouterr().out == ""
+    assert cost.announce(dict(cfg, task="synthetic"), setup_runtime("cpu", "float32")) is None

@@ -7,6 +7,7 @@ import torch
 
 from model import Transformer, TransformerConfig
 from configurator import configure
+import training
 from training import RunLog, load_checkpoint, load_state, lr_at, read_log, save_checkpoint
 
 
@@ -68,3 +69,17 @@ def test_flag_value_takes_the_last_occurrence_as_configure_does():
     assert configurator.flag_value(argv, "depth", 3) == 3
     cfg = train_spt.get_config(argv)                    # the defaults layered are those of the last flags
     assert (cfg["task"], cfg["preset"], cfg["difficulty"]) == ("pathfinder", "", "contour_length_14")
+
+
+@pytest.mark.parametrize("flags,expected", [({"avx2", "fma"}, torch.float32),
+                                            ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16),
+                                            ({"amx_bf16"}, torch.bfloat16), (set(), torch.float32)])
+def test_fast_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch, flags, expected):
+    monkeypatch.setattr(training, "cpu_flags", lambda: flags)
+    assert training.setup_runtime("cpu", "fast").ptdtype == expected
+    assert training.setup_runtime("cpu", "auto").ptdtype == torch.float32     # auto never picks bf16 on a CPU
+
+
+def test_cpu_flags_reads_this_machine_or_nothing():
+    flags = training.cpu_flags()
+    assert isinstance(flags, set) and all(isinstance(f, str) for f in flags)
