@@ -79,6 +79,14 @@ def test_shrinking_and_lines_are_pillows():
             assert np.array_equal(np.array(im) > 0, P.line_pixels(17, 8, dy, dx, 1)), (dy, dx)
 
 
+def test_each_paddle_is_drawn_in_float32_as_the_originals_layer():
+    line = P.sprites(32, 1).line                       # grey levels k / 255 of the shrunk paddles
+    levels = np.unique(line)
+    k = np.round(levels * 255)
+    assert np.array_equal(levels, (k / 255).astype(np.float32))   # float32's k/255, not float64's:
+    assert (levels != k / 255).sum() > len(levels) // 2           # .5 ties then round as the original's
+
+
 def test_seeds_fit_only_where_opencvs_float_border_lets_them():
     """seed_snake dilates a float mask with OpenCV, whose border is -DBL_MAX: run with
     opencv-python-headless 4.10, only the orientations -150..-121 degrees leave no pixel
