@@ -157,6 +157,36 @@ def test_rescue_lists_every_arm_and_seed_with_the_scratch_lr_from_the_grid(capsy
     assert all("--init_from=/o/spt_s" in r and "--init_params=qk" in r for r in runs if "/qk_s" in r)
 
 
+def fake_run(d, test_acc, best_val_acc=0.5, spt=False):
+    import json
+    d.mkdir(parents=True)
+    records = [dict(phase="finetune", step=10 * k, epoch=0, loss=0.7) for k in range(1, 30)]
+    records += [dict(phase="finetune", step=300, epoch=1, val_loss=0.69, val_acc=best_val_acc)]
+    if spt:
+        records = [dict(phase="spt", step=10 * k, epoch=0, loss=1.4 - k / 100) for k in range(1, 30)] + records
+    (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "summary.json").write_text(json.dumps(dict(test_acc=test_acc, best_val_acc=best_val_acc, steps=300,
+                                                    wall_time_s=60.0, spt_best_val_loss=1.1 if spt else None)))
+
+
+def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
+    for lr, val in zip(rescue.GRID, (0.51, 0.53, 0.50)):                  # 5e-4 is the grid's best
+        fake_run(tmp_path / f"grid_lr{lr:g}_s0", 0.50, best_val_acc=val)
+    for s, (spt, scratch, long) in enumerate([(0.66, 0.51, 0.50), (0.63, 0.49, 0.52), (0.70, 0.50, 0.51)]):
+        fake_run(tmp_path / f"spt_s{s}", spt, spt=True)
+        fake_run(tmp_path / f"long_s{s}", long)
+        if s:
+            fake_run(tmp_path / f"scratch_s{s}", scratch)
+    text = rescue.main(["--action=report", f"--out={tmp_path}"])
+    assert "best of the grid on seed 0): 0.0005" in text
+    assert "| spt | 3 | 1.100 ± 0.000 |" in text and "| 0.663 ± 0.035 |" in text
+    assert "(same steps, compute-matched): **rescued**" in text
+    assert "long: at chance" in text and "spt: not at chance" in text
+    assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()
+    with pytest.raises(FileNotFoundError, match="no finished run under"):
+        rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])
+
+
 @pytest.mark.slow
 def test_rescue_runs_small_then_reports_and_skips_finished_runs(tmp_path, capsys):
     tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "

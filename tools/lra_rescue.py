@@ -242,37 +242,50 @@ def report(cfg):
         f.write(text)
     where = cfg["figures"] or cfg["out"]
     plot_curves(runs, os.path.join(where, "rescue_curves.png"))
-    if "spt" in runs and "scratch" in runs:
+    if "spt" in runs and "scratch" in runs and os.path.exists(os.path.join(runs["spt"][0][1], "spt_best.pt")):
         plot_maps(runs, os.path.join(where, "rescue_attention_2d.png"))
     return text
 
 
-def val_curve(d, phase, key):
-    """(steps, values) of one run's per-epoch records of a phase."""
+def curve(d, phase, key):
+    """(steps, values) of one run's records of a phase that hold key."""
     import analysis
     rec = [r for r in analysis.read_records(d) if r.get("phase") == phase and key in r]
-    return [r["step"] for r in rec], [r[key] for r in rec]
+    return np.array([r["step"] for r in rec]), np.array([r[key] for r in rec])
+
+
+def smooth(x, y, k=10):
+    """A running mean over k logged points (the loss is logged every 10 steps)."""
+    if len(y) < k:
+        return x, y
+    return x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid")
 
 
 def plot_curves(runs, path):
-    """Left: the SPT val loss of every SPT seed; right: val accuracy against finetuning step,
-    every arm and seed (an arm one colour)."""
+    """Left: SPT loss of every SPT seed (train, smoothed; val, dots). Middle: finetuning
+    train loss, smoothed, every arm and seed. Right: val accuracy against finetuning step
+    (one point an epoch). An arm is one colour."""
     import analysis
-    plt, (fig, (ax_spt, ax)) = analysis.plt_figure(1, 2, figsize=(13, 4.2))
+    plt, (fig, (ax_spt, ax_loss, ax_acc)) = analysis.plt_figure(1, 3, figsize=(16, 4.2))
     colours = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:cyan", "tab:green", "tab:orange", "tab:gray")))
     for arm, members in runs.items():
+        c = colours[arm]
         for i, (s, d, _) in enumerate(members):
+            label = arm if i == 0 else None
             if arm == "spt":
-                ax_spt.plot(*val_curve(d, "spt", "val_loss"), "o-", markersize=3, color=colours[arm],
-                            label=f"seed {s}")
-            ax.plot(*val_curve(d, "finetune", "val_acc"), "o-", markersize=3, color=colours[arm],
-                    label=arm if i == 0 else None)
-    ax.axhline(CHANCE, color="k", lw=0.6, ls=":")
-    ax_spt.set_xlabel("SPT step"), ax_spt.set_ylabel("SPT val loss (masked pixels)")
-    ax.set_xlabel("finetuning step"), ax.set_ylabel("val accuracy")
-    for a in (ax_spt, ax):
+                ax_spt.plot(*smooth(*curve(d, "spt", "loss")), color=c, lw=0.8, alpha=0.6)
+                ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=4,
+                            label="val" if i == 0 else None)
+            ax_loss.plot(*smooth(*curve(d, "finetune", "loss")), color=c, lw=0.8, label=label)
+            ax_acc.plot(*curve(d, "finetune", "val_acc"), "o-", color=c, markersize=4, label=label)
+    ax_acc.axhline(CHANCE, color="k", lw=0.6, ls=":")
+    ax_loss.axhline(math.log(2), color="k", lw=0.6, ls=":")
+    ax_spt.set_title("SPT loss (masked pixels)"), ax_spt.set_xlabel("SPT step")
+    ax_loss.set_title("finetuning train loss (chance: ln 2)"), ax_loss.set_xlabel("finetuning step")
+    ax_acc.set_title("val accuracy (1,000 images)"), ax_acc.set_xlabel("finetuning step")
+    for a in (ax_spt, ax_loss, ax_acc):
         a.grid(alpha=0.3)
-        a.legend(fontsize=7) if a.lines else None
+        a.legend(fontsize=7) if a.get_legend_handles_labels()[0] else None
     fig.tight_layout()
     analysis.save_figure(plt, fig, path, 90)
 
