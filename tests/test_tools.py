@@ -179,7 +179,7 @@ def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
             fake_run(tmp_path / f"scratch_s{s}", scratch)
     text = rescue.main(["--action=report", f"--out={tmp_path}"])
     assert "best of the grid on seed 0): 0.0005" in text
-    assert "| spt | 3 | 1.100 ± 0.000 |" in text and "| 0.663 ± 0.035 |" in text
+    assert "| spt | 3 | 1.100 ± 0.000 | - / - |" in text and "| 0.663 ± 0.035 |" in text
     assert "(same steps, compute-matched): **rescued**" in text
     assert "long: at chance" in text and "spt: not at chance" in text
     assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()

@@ -202,16 +202,18 @@ def n_test():
 def table(runs, n):
     """Markdown: one row per arm, mean +- std over seeds, each seed's test accuracy with
     its standard error, and the wall time."""
-    lines = ["| arm | seeds | SPT val loss | best val acc | test acc | each seed (+- s.e.) | steps | wall min |",
-             "|---|---|---|---|---|---|---|---|"]
-    ms = lambda v: f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"
+    lines = ["| arm | seeds | SPT val loss | 3x3 attention mass, x uniform: after SPT / trained | best val acc | "
+             "test acc | each seed (+- s.e.) | steps | wall min |", "|---|---|---|---|---|---|---|---|---|"]
+    ms = lambda v: f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if v else "-"
+    ratio = lambda s, stage: [m[f"mass2d_r1_{stage}"] / m["mass2d_r1_uniform"] for m in s
+                              if m.get(f"mass2d_r1_{stage}") is not None and m.get("mass2d_r1_uniform")]
     for arm, members in runs.items():
         s = [m for _, _, m in members]
         spt = [m["spt_best_val_loss"] for m in s if m.get("spt_best_val_loss") is not None]
         seeds = ", ".join(f"{m['test_acc']:.3f} ± {standard_error(m['test_acc'], n):.3f}" for m in s)
-        lines.append(f"| {arm} | {len(s)} | {ms(spt) if spt else '-'} | {ms([m['best_val_acc'] for m in s])} | "
-                     f"{ms([m['test_acc'] for m in s])} | {seeds} | {ms([m['steps'] for m in s])} | "
-                     f"{ms([m['wall_time_s'] / 60 for m in s])} |")
+        lines.append(f"| {arm} | {len(s)} | {ms(spt)} | {ms(ratio(s, 'spt'))} / {ms(ratio(s, 'finetune'))} | "
+                     f"{ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | {seeds} | "
+                     f"{ms([m['steps'] for m in s])} | {ms([m['wall_time_s'] / 60 for m in s])} |")
     return "\n".join(lines)
 
 
