@@ -18,6 +18,7 @@ COPYABLE = {
     "synthetic.py": ((), "m.load_split('val', n=8)"),
     "pathfinder.py": ((), "m.generate(4, seed=0, contour_length=6)"),
     "analysis.py": (("model.py",), "m.proximity_mass([__import__('torch').full((1, 1, 8, 8), 1 / 8)])"),
+    "theory.py": (("model.py",), "m.check(0, 4)"),
 }
 
 
