@@ -14,7 +14,8 @@ and the batch order):
     qk         only W_Q, W_K from the seed's SPT checkpoint (A5 on LRA)
     frozen     from scratch with attention frozen at its init (A4 on LRA)
 The from-scratch arms take the learning rate of Amos et al.'s grid (1e-3, 5e-4, 1e-4) that
-gives the best val accuracy on seed 0 at the scratch arm's length (the grid arm).
+gives the best val accuracy on seed 0 at the scratch arm's length (the grid arm; a tie goes
+to the first of the grid).
 
 Restartable: a run whose folder has summary.json is skipped, a stopped one resumes from
 its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
@@ -131,7 +132,8 @@ def read_summary(d):
 
 
 def best_grid_lr(cfg):
-    """The grid's learning rate with the best val accuracy (None until all have run)."""
+    """The grid's learning rate with the best val accuracy, the first on a tie (None until
+    all have run)."""
     seed = int(cfg["seeds"].split(",")[0])
     dirs = {lr: folder(cfg["out"], None, seed, lr) for lr in GRID}
     if not all(finished(d) for d in dirs.values()):
