@@ -141,6 +141,8 @@ def test_rescue_verdict_follows_the_rule_written_before_the_runs(spt, scratch, l
 def test_rescue_chance_band_is_two_standard_errors_of_the_test_split():
     assert rescue.at_chance([0.49, 0.51, 0.50], n_test=1000)          # s.e. of the mean of 3: 0.0091
     assert not rescue.at_chance([0.53, 0.52, 0.53], n_test=1000)
+    assert rescue.at_chance([0.525, 0.475, 0.525], 1000, majority=0.525)   # one class, either one
+    assert not rescue.at_chance([0.525] * 3, 1000) and not rescue.at_chance([0.56] * 3, 1000, majority=0.525)
     assert rescue.standard_error(0.5, 1000) == pytest.approx(0.0158, abs=1e-4)
 
 
@@ -160,6 +162,8 @@ def test_rescue_lists_every_arm_and_seed_with_the_scratch_lr_from_the_grid(capsy
 def fake_run(d, test_acc, best_val_acc=0.5, spt=False):
     import json
     d.mkdir(parents=True)
+    cfg = rescue.train_spt_config(["--n_generate=1000", f"--data_dir={d.parent / 'data'}"])
+    (d / "config.json").write_text(json.dumps(cfg))
     records = [dict(phase="finetune", step=10 * k, epoch=0, loss=0.7) for k in range(1, 30)]
     records += [dict(phase="finetune", step=300, epoch=1, val_loss=0.69, val_acc=best_val_acc)]
     if spt:
@@ -181,7 +185,7 @@ def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
     assert "best of the grid on seed 0): 0.0005" in text
     assert "| spt | 3 | 1.100 ± 0.000 | - / - |" in text and "| 0.663 ± 0.035 |" in text
     assert "(same steps, compute-matched): **rescued**" in text
-    assert "long: at chance" in text and "spt: not at chance" in text
+    assert "long: at chance" in text and "spt: not at chance" in text and "one class scores" in text
     assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()
     with pytest.raises(FileNotFoundError, match="no finished run under"):
         rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])

@@ -66,10 +66,12 @@ def verdict(spt, baselines, min_gap=0.10):
     return "not separated"
 
 
-def at_chance(accs, n_test):
-    """Is an arm's mean test accuracy within 2 standard errors of chance?"""
+def at_chance(accs, n_test, majority=CHANCE):
+    """Is an arm's mean test accuracy within what a coin or a constant answer scores: the
+    band between the two classes' shares of the test split (majority, 1 - majority),
+    widened by 2 standard errors of the mean?"""
     se = math.sqrt(CHANCE * (1 - CHANCE) / (n_test * len(accs)))
-    return abs(np.mean(accs) - CHANCE) <= 2 * se
+    return abs(np.mean(accs) - CHANCE) <= abs(majority - CHANCE) + 2 * se
 
 
 def standard_error(acc, n):
@@ -195,10 +197,20 @@ def gather(cfg):
     return runs
 
 
-def n_test():
-    """The test split's size under the preset (10% of the images generated)."""
+def train_spt_config(flags=()):
+    """train_spt.py's config of the preset, with flags."""
     import train_spt
-    return train_spt.preset_values("cpu_rescue", "pathfinder")["n_generate"] // 10
+    return train_spt.get_config(BASE + list(flags))
+
+
+def test_split(runs):
+    """(size, the larger class's share) of the test split the runs were scored on."""
+    import train_spt
+    d = next(d for members in runs.values() for _, d, _ in members)
+    with open(os.path.join(d, "config.json")) as f:
+        test = train_spt.load_data("pathfinder", "test", json.load(f))
+    share = float(np.mean([int(test[i][1]) for i in range(len(test))]))
+    return len(test), max(share, 1 - share)
 
 
 def table(runs, n):
@@ -219,7 +231,7 @@ def table(runs, n):
     return "\n".join(lines)
 
 
-def verdicts(runs, n):
+def verdicts(runs, n, majority=CHANCE):
     acc = {arm: [m["test_acc"] for _, _, m in members] for arm, members in runs.items()}
     lines = []
     if "spt" in acc:
@@ -229,8 +241,10 @@ def verdicts(runs, n):
         lines.append(f"learned positions against sinusoidal, both from scratch: "
                      f"**{verdict(acc['learned'], {'long': acc['long']})}**")
     for arm, a in acc.items():
-        lines.append(f"{arm}: {'at chance' if at_chance(a, n) else 'not at chance'} "
-                     f"(mean {np.mean(a):.3f}, chance {CHANCE} ± {2 * math.sqrt(0.25 / (n * len(a))):.3f})")
+        band = abs(majority - CHANCE) + 2 * math.sqrt(0.25 / (n * len(a)))
+        lines.append(f"{arm}: {'at chance' if at_chance(a, n, majority) else 'not at chance'} "
+                     f"(mean {np.mean(a):.3f}; chance band {CHANCE} ± {band:.3f}: one class scores "
+                     f"{majority:.3f} or {1 - majority:.3f})")
     return "\n".join("- " + line for line in lines)
 
 
@@ -238,9 +252,9 @@ def report(cfg):
     runs = gather(cfg)
     if not runs:
         raise FileNotFoundError(f"no finished run under {cfg['out']}; start them with: python tools/lra_rescue.py run")
-    n = n_test()
+    n, majority = test_split(runs)
     text = (f"scratch arms' learning rate (best of the grid on seed 0): {best_grid_lr(cfg)}\n\n"
-            f"{table(runs, n)}\n\n{verdicts(runs, n)}\n")
+            f"{table(runs, n)}\n\n{verdicts(runs, n, majority)}\n")
     print(text)
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
         f.write(text)
@@ -306,11 +320,12 @@ def plot_maps(runs, path):
         cfg = json.load(f)                                    # the run's own flags: its shape and data
     val = train_spt.load_data("pathfinder", "val", cfg)
     image, maps = val[0][0], {}
-    for stage, ckpt in (("init", None), ("after SPT", "spt_best.pt"), ("SPT, finetuned", "finetune_best.pt"),
+    for stage, ckpt in (("init", None), ("after SPT", os.path.join(spt_dir, "spt_best.pt")),
+                        ("SPT, finetuned", os.path.join(spt_dir, "finetune_best.pt")),
                         ("scratch, trained", os.path.join(scratch_dir, "finetune_best.pt"))):
         model = train_spt.build_model(cfg, [val])
         if ckpt:
-            load_state(model, load_checkpoint(os.path.join(spt_dir, ckpt))["model"])
+            load_state(model, load_checkpoint(ckpt)["model"])
         with torch.no_grad():
             _, att = model.eval()(image[None], return_attn=True)
         maps[stage] = att[0][0]
