@@ -37,6 +37,8 @@ import os
 import numpy as np
 import torch
 
+import training
+
 from model import Transformer
 
 PROX_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
@@ -196,15 +198,12 @@ def plt_figure(*args, **kwargs):
 
 
 def save_figure(plt, fig, path, dpi):
-    """The PNG is written to a temp file, then renamed: a full disk never leaves half a figure."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """The PNG is written to a temp file, then renamed (training.atomic_write): a full disk
+    never leaves half a figure, and a link at `path` is refused."""
     try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
+        training.atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def plot_attention(maps, path, title, n_examples=2):

@@ -76,9 +76,7 @@ def prepare_stdlib(data_dir, root=None):
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
         for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
-            tmp = f"{path}.tmp.{os.getpid()}"
-            part.tofile(tmp)
-            os.replace(tmp, path)
+            training.atomic_write(path, part.tofile)
         training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
             k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 import pathfinder
+import training
 
 # -----------------------------------------------------------------------------
 # vocabularies
@@ -496,10 +497,7 @@ def write_listops_tsv(path, rows):
 
 def _atomic_write_text(path, text):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    training.atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 # -----------------------------------------------------------------------------
@@ -740,10 +738,7 @@ def _load_npz(path, key):
 
 def _save_npz(path, key, **arrays):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    training.atomic_write(path, lambda f: np.savez(f, **arrays))
     _write_sidecar(path + ".json", key, [path])
 
 
@@ -804,8 +799,10 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
         axes[r][0].set_ylabel(f"{d}\n(length {length})", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        training.atomic_write(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 

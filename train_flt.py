@@ -374,7 +374,7 @@ def main(argv=None):
         return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
     master = int(os.environ.get("RANK", 0)) == 0
     resume = cfg["init_from"] == "resume"
-    with training.RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+    with training.RunFolder(cfg["out_dir"], "train_flt.py", RUN_FILES, cfg["overwrite"], resume, master) as folder:
         run = setup_run(cfg, argv, folder)
         try:
             nan_stop = train(run)
@@ -659,7 +659,7 @@ def finish(r, nan_stop):
         summary["ddp_replicas_identical"] = replicas_identical(r.raw)
     r.log.summary(summary)
     if rt.master:
-        r.say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        r.say(training.to_json({k: v for k, v in summary.items() if not isinstance(v, list)}))
         if r.is_bytes and C.sample_tokens and nan_stop is None:
             prompt = torch.tensor([list(b"The ")], device=rt.device)
             out = r.raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()

@@ -56,8 +56,8 @@ import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, interrupted, last_good_checkpoint, load_checkpoint, load_state,
-                      lr_at, save_checkpoint, setup_runtime, weights_finite)
+from training import (RunFolder, RunLog, append_text, interrupted, last_good_checkpoint, load_checkpoint,
+                      load_state, lr_at, save_checkpoint, setup_runtime, to_json, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -804,16 +804,17 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
     m = maps[0][0].mean(0)                                           # (T, T) example 0
     factor = max(1, math.ceil(m.size(0) / 128))
     m = F.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
-    with open(os.path.join(cfg["out_dir"], "snapshots.jsonl"), "a") as f:
-        f.write(json.dumps(dict(phase=phase, step=step, mass=mass["layers"][0], widths=mass["widths"],
-                                uniform=mass["uniform"], map=np.round(m.numpy(), 4).tolist())) + "\n")
+    append_text(os.path.join(cfg["out_dir"], "snapshots.jsonl"), to_json(dict(
+        phase=phase, step=step, mass=mass["layers"][0], widths=mass["widths"], uniform=mass["uniform"],
+        map=np.round(m.numpy(), 4).tolist())) + "\n")
 
 
 # -----------------------------------------------------------------------------
 # The run: SPT, then finetuning, then the test accuracy and the figures
 
 PHASES = ("spt", "finetune")
-# Every file a run writes (RunFolder refuses a folder holding anything else).
+# The files a run writes besides training.RESULT_FILES (a folder written before run folders
+# had a manifest is taken over on resume only if it holds nothing else).
 RUN_FILES = ("spt_best.pt", "finetune_best.pt", "spt_epoch*.pt", "snapshots.jsonl", "curves.png",
              "attention_*.png", "proximity.png")
 
@@ -826,7 +827,7 @@ def main(argv=None):
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = cfg["init_from"] == "resume"
     master = int(os.environ.get("RANK", 0)) == 0
-    with RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+    with RunFolder(cfg["out_dir"], "train_spt.py", RUN_FILES, cfg["overwrite"], resume, master) as folder:
         ckpt = None
         if resume:                                  # the folder given, the checkpoint's config
             ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
@@ -842,7 +843,7 @@ def main(argv=None):
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         folder.begin()                                                # every check passed: write
         log = RunLog(cfg["out_dir"], cfg, rt.master, keep=ckpt and written_before(ckpt),
-                     command=shlex.join(["python", "train_spt.py", *argv]))
+                     command=shlex.join(["python", "train_spt.py", *argv]), also=("snapshots.jsonl",))
         if ckpt:
             log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
         try:

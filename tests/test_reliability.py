@@ -165,7 +165,7 @@ def test_resume_needs_its_own_script_and_its_log(tmp_path, text_file, finished_s
     out = tmp_path / "flt"
     assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
     status, message = cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")
-    assert status == 1 and "was not written by train_spt.py" in message          # no figures yet: the checkpoint says
+    assert status == 1 and "holds a run of another script (train_flt.py)" in message     # its manifest says
     os.remove(out / "log.jsonl")
     status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume")
     assert status == 1 and "log.jsonl is gone" in message
@@ -206,18 +206,27 @@ def test_overwrite_never_touches_a_folder_that_is_not_a_run(tmp_path):
         (mine / name).write_text("the user's")
     before = fingerprint(mine)
     status, message = cli(train_spt, *SPT, f"--out_dir={mine}", "--overwrite=True")
-    assert status == 1 and "holds files that no run of this script writes" in message
+    assert status == 1 and "not a run folder of this project" in message
     assert fingerprint(mine) == before
 
 
-def test_a_refused_run_leaves_no_folder_and_an_old_temp_file_is_cleared(tmp_path):
+def test_a_refused_run_leaves_no_folder_and_a_dead_writers_temp_file_is_cleared(tmp_path):
     out = tmp_path / "run"
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--n_train=10")[0] == 1   # refused after the lock
     assert not out.exists()
     out.mkdir()
-    (out / "ckpt.pt.tmp.99999999").write_bytes(b"half a checkpoint")      # left by a killed writer
+    (out / f"{training.TMP_PREFIX}.99999999.ckpt.pt").write_bytes(b"half a checkpoint")   # a killed writer's
     assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
-    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    assert not [n for n in os.listdir(out) if n.startswith(training.TMP_PREFIX)]
+
+
+def test_a_users_file_named_like_a_temp_file_is_never_removed(tmp_path):
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / "thesis.tmp.docx").write_text("the user's")
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}")
+    assert status == 1 and "thesis.tmp.docx" in message and "not a run folder" in message
+    assert os.listdir(out) == ["thesis.tmp.docx"]
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
@@ -227,7 +236,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
     monkeypatch.setattr(training.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
     assert status == 1 and "no space left to write" in message
-    assert not [n for n in os.listdir(tmp_path / "o") if ".tmp." in n]
+    assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(training.TMP_PREFIX)]
 
 
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
@@ -426,3 +435,69 @@ def test_stdlib_cache_is_verified_and_rebuilt(tmp_path):
     (cache / "train.bin").write_bytes(bytes(train[:50]))        # truncated by hand
     train2, val2 = corpora.prepare_stdlib(str(cache), root=str(root))
     assert np.array_equal(train2, train) and np.array_equal(val2, val)
+
+
+# -----------------------------------------------------------------------------
+# Files the run does not own: never written through a link, never removed by name
+
+def test_a_link_in_the_run_folder_is_never_written_through(tmp_path, text_file):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    for name, script, flags in (("run.lock", train_spt, SPT), ("command.txt", train_flt, [*FLT, f"--data={text_file}"])):
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        os.symlink(victim, out / name)
+        status, message = cli(script, *flags, f"--out_dir={out}")
+        assert status == 1 and name in message
+        assert victim.read_text() == "the user's" and os.path.islink(out / name)
+
+
+def test_atomic_write_refuses_a_link_and_names_its_temp_file_by_pid(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    os.symlink(victim, tmp_path / "out.json")
+    with pytest.raises(FileExistsError, match="symbolic link"):
+        training.write_json(str(tmp_path / "out.json"), {"a": 1})
+    assert victim.read_text() == "the user's"
+    assert os.path.basename(training.temp_path("d/x.pt")) == f"{training.TMP_PREFIX}.{os.getpid()}.x.pt"
+
+
+def test_a_folder_of_user_files_named_like_ours_is_not_a_run(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("curves.png", "proximity.png"):
+        (mine / name).write_text("the user's")
+    before = fingerprint(mine)
+    for flags in ([], ["--overwrite=True"]):
+        status, message = cli(train_spt, *SPT, f"--out_dir={mine}", *flags)
+        assert status == 1 and "not a run folder" in message
+    assert fingerprint(mine) == before
+
+
+def test_overwrite_removes_only_the_files_the_run_listed(finished_spt, tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
+    (out / "attention_for_paper.png").write_text("the user's")
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")
+    assert status == 1 and "attention_for_paper.png" in message
+    os.rename(out / "attention_for_paper.png", tmp_path / "kept.png")
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")[0] == 0
+    manifest = json.load(open(out / training.MANIFEST))
+    assert manifest["script"] == "train_spt.py" and set(manifest["files"]) == set(os.listdir(out)) - {
+        training.MANIFEST}
+
+
+def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "train_spt.py"])
+    try:
+        manifest = json.load(open(out / training.MANIFEST))
+        training.write_json(str(out / training.MANIFEST), dict(manifest, pid=live.pid))
+        before = fingerprint(out)
+        status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")
+        assert status == 1 and f"in use by another run (pid {live.pid}" in message
+        assert fingerprint(out) == before
+    finally:
+        live.kill()
+        live.wait()
