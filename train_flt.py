@@ -398,14 +398,19 @@ def only_flags(given, mode, allowed):
 
 def compare(cfg, given):
     """--compare: the figures and compare.md of finished runs, drawn into a folder that
-    holds no run (a run's own figures are never replaced)."""
+    holds no run (a run's own figures are never replaced), replacing only files an
+    earlier --compare wrote there (training.claim_outputs)."""
     only_flags(given, "compare", ("out_dir",))
     out = cfg["out_dir"] if "out_dir" in given else COMPARE_DIR
     held = [f for f in training.RESULT_FILES if os.path.exists(os.path.join(out, f))]
     if held:
         raise FileExistsError(f"--out_dir={out} holds a run ({', '.join(held)}); --compare draws into a folder "
                               f"that is not a run, e.g. --out_dir={COMPARE_DIR}")
-    return plot_runs(cfg["compare"].split(","), out)
+    outputs = training.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
+    try:
+        return plot_runs(cfg["compare"].split(","), out)
+    finally:
+        outputs.release()
 
 
 @dataclass

@@ -103,7 +103,8 @@ DEFAULTS = dict(
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
     snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
     halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
-    report="",               # comma list of folders: gather their summary.json into a table
+    report="",               # comma list of folders: gather their summary.json into a table (written into
+                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
     # system
     device="auto", dtype="auto", compile=False, num_workers=0, debug=False,
 )
@@ -217,9 +218,9 @@ def get_config(argv):
 def check_config(cfg, given=()):
     """Refuse bad values before any work is done, naming what is allowed. `given`: the
     keys on the command line (a flag that does not apply to this run is refused)."""
-    if cfg["report"] and set(given) - {"report", "debug"}:
-        raise ValueError(f"--report gathers finished runs and takes no other flag (got "
-                         f"{', '.join('--' + k for k in given if k not in ('report', 'debug'))})")
+    if cfg["report"] and set(given) - {"report", "out_dir", "debug"}:
+        raise ValueError(f"--report gathers finished runs and takes no other flag but --out_dir (got "
+                         f"{', '.join('--' + k for k in given if k not in ('report', 'out_dir', 'debug'))})")
     schedules = ("cosine", "linear", "constant")   # training.lr_at's
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
@@ -823,7 +824,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = get_config(argv)
     if cfg["report"]:
-        return analysis.report(cfg["report"])
+        return analysis.report(cfg["report"], cfg["out_dir"])
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = cfg["init_from"] == "resume"
     master = int(os.environ.get("RANK", 0)) == 0

@@ -60,12 +60,8 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
     in the environment), and seed every rank alike so replicas start identical."""
     env = lambda k, d: int(os.environ.get(k, d))
     ddp, rank, local_rank, world_size = env("RANK", -1) != -1, env("RANK", 0), env("LOCAL_RANK", 0), env("WORLD_SIZE", 1)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    device = check_device(device)
     kind = device.split(":")[0]
-    if kind not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device={device}; choose auto, cpu, cuda, cuda:N or mps")
-    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
-        raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
     if kind == "cuda" and ddp:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
@@ -81,6 +77,18 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(seed)
     return Runtime(device, kind, getattr(torch, dtype), ddp, rank, local_rank, world_size)
+
+
+def check_device(device):
+    """The device --device=auto|cpu|cuda|cuda:N|mps names on this machine (auto: cuda if
+    present); one that is unknown or absent here is refused."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device={device}; choose auto, cpu, cuda, cuda:N or mps")
+    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
+        raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
+    return device
 
 
 # -----------------------------------------------------------------------------
@@ -235,15 +243,15 @@ def atomic_write(path, write, binary=True):
     refuse_link(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a folder; give a file path")
+    held = HELD.get(os.path.realpath(os.path.dirname(os.path.abspath(path))))
+    if held is not None:
+        held.claim(os.path.basename(path))                 # listed before it exists: never unlisted
     tmp = temp_path(path)
     try:
         if os.path.lexists(tmp):                           # this pid's own leftover
             os.remove(tmp)
         with open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb" if binary else "w") as f:
             write(f)
-        held = HELD.get(os.path.realpath(os.path.dirname(os.path.abspath(path))))
-        if held is not None:
-            held.add(os.path.basename(path))               # listed before it exists: never unlisted
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         if os.path.lexists(tmp):
@@ -360,10 +368,16 @@ class Manifest:
     def release(self):
         HELD.pop(os.path.realpath(self.folder), None)
 
-    def add(self, name):
-        if name != MANIFEST and name not in self.data["files"]:
-            self.data["files"].append(name)
-            write_json(self.path, self.data)
+    def claim(self, name):
+        """List `name` before it is written; a file of that name that is not listed was
+        not written here by this script, and is refused."""
+        if name == MANIFEST or name in self.data["files"]:
+            return
+        if os.path.lexists(os.path.join(self.folder, name)):
+            raise FileExistsError(f"{os.path.join(self.folder, name)} exists and was not written by "
+                                  f"{self.data['script']}; move it, or write into another folder")
+        self.data["files"].append(name)
+        write_json(self.path, self.data)
 
     def remove_files(self):
         """Unlink every listed file (a link is removed, never followed)."""
@@ -389,11 +403,11 @@ def foreign_files(folder, manifest):
     return [n for n in sorted(os.listdir(folder)) if n not in ours and n != "run.lock" and temp_owner(n) is None]
 
 
-def claim_outputs(folder, tool, names):
-    """A folder that is not a run folder (--report, --compare) before writing `names`
-    into it: created if absent; refused if it holds a run, or a file of one of those
-    names that `tool` did not write there (its manifest says). Returns the Manifest
-    held; call release() when done."""
+def claim_outputs(folder, tool, names=()):
+    """A folder that is not a run folder (--report, --compare) before writing into it:
+    created if absent; refused if it holds a run, or a file of one of `names` that
+    `tool` did not write there (its manifest says; any other name is checked when it is
+    written). Returns the Manifest held; call release() when done."""
     os.makedirs(folder, exist_ok=True)
     m = read_manifest(folder)
     if m is not None and m["script"] != tool or any(os.path.lexists(os.path.join(folder, f)) for f in RESULT_FILES):

@@ -9,6 +9,7 @@ what a user really gets."""
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -43,7 +44,7 @@ def cli(script, *argv):
 def fingerprint(folder):
     """Name -> sha256 of every file in a folder: to show that nothing was changed."""
     return {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
-            for n in sorted(os.listdir(folder))}
+            for n in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, n))}
 
 
 @pytest.fixture
@@ -501,3 +502,43 @@ def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+# -----------------------------------------------------------------------------
+# Outputs that are not run folders replace only what they wrote
+
+def test_report_never_replaces_a_file_it_did_not_write(finished_spt, tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copytree(finished_spt, results / "run")
+    os.symlink(results / "run", results / "again")                    # a link: not followed, not counted twice
+    (results / "report.md").write_text("the user's")
+    status, message = cli(train_spt, f"--report={results}")
+    assert status == 1 and "report.md" in message and (results / "report.md").read_text() == "the user's"
+    os.remove(results / "report.md")
+    assert cli(train_spt, f"--report={results}")[0] == 0
+    assert (results / "report.md").read_text().count("| " + str(results / "run") + " |") == 1
+    assert cli(train_spt, f"--report={results}")[0] == 0                 # its own report: replaced
+    monkeypatch.chdir(tmp_path)
+    parent = fingerprint(finished_spt.parent)
+    assert cli(train_spt, f"--report={finished_spt}")[0] == 0           # a single run: not its parent
+    assert fingerprint(finished_spt.parent) == parent
+    assert (tmp_path / "out" / "spt_report" / "report.md").exists()
+
+
+def test_compare_and_bench_never_replace_a_file_they_did_not_write(tmp_path, text_file):
+    import bench
+    run = tmp_path / "a"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={run}")[0] == 0
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "flt_loss.png").write_text("the user's")
+    status, message = cli(train_flt, f"--compare={run}", f"--out_dir={figures}")
+    assert status == 1 and "flt_loss.png" in message and (figures / "flt_loss.png").read_text() == "the user's"
+    (tmp_path / "mine.json").write_text("{}")
+    status, message = cli(bench, "--only=data", "--quick=True", f"--out={tmp_path}/mine.json")
+    assert status == 1 and "not written by bench.py" in message and (tmp_path / "mine.json").read_text() == "{}"
+    for flag in ("--threads=-1", "--peak_flops=-5", "--reps=-3"):
+        assert cli(bench, flag, f"--out={tmp_path}/b.json")[0] == 1
+    if not torch.cuda.is_available():
+        assert "no cuda device" in cli(bench, "--device=cuda", f"--out={tmp_path}/b.json")[1]
