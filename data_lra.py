@@ -525,7 +525,7 @@ def _cache_ok(sidecar, key, files):
 
 def _write_sidecar(sidecar, key, files):
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
-    _atomic_write_text(sidecar, json.dumps(meta, indent=1))
+    _atomic_write_text(sidecar, training.to_json(meta, indent=1))
 
 
 def _split_80_10_10(n, split, seed=0):

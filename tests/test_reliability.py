@@ -542,3 +542,28 @@ def test_compare_and_bench_never_replace_a_file_they_did_not_write(tmp_path, tex
         assert cli(bench, flag, f"--out={tmp_path}/b.json")[0] == 1
     if not torch.cuda.is_available():
         assert "no cuda device" in cli(bench, "--device=cuda", f"--out={tmp_path}/b.json")[1]
+
+
+# -----------------------------------------------------------------------------
+# Strict JSON: what a strict reader (JSON.parse) accepts
+
+def strict_load(text):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_file_a_tiny_run_writes_is_strict_json(tmp_path, text_file):
+    spt, flt = tmp_path / "spt", tmp_path / "flt"
+    assert cli(train_spt, *SPT, f"--out_dir={spt}", "--snapshot_attn_every=2")[0] == 0
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}")[0] == 0      # osc_steps=3: NaN statistics
+    assert json.load(open(flt / "summary.json"))["grad_dlog_ac1"] is None
+    checked = 0
+    for folder in (spt, flt):
+        for name in os.listdir(folder):
+            text = (folder / name).read_text() if name.endswith((".json", ".jsonl")) else None
+            if text is not None:
+                lines = text.splitlines() if name.endswith(".jsonl") else [text]
+                [strict_load(line) for line in lines if line.strip()]
+                checked += 1
+    assert checked == 9       # config, log, summary, manifest of each; snapshots of the SPT run
