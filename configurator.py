@@ -133,8 +133,9 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     given (a moved folder resumes where it now is), and each flag named on this command
     line (`explicit`) applied when it is in `safe` (it cannot change what was computed so
     far, e.g. lr, max_hours); any other that differs is refused. `per_call` flags (where
-    to stop this call) always take this command line's value. Returns (config, changed),
-    changed = {key: [checkpoint's value, new value]}."""
+    to stop this call) always take this command line's value; init_from keeps the run's
+    own (where its weights came from), and each resume is listed under "resumes".
+    Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
     config, changed, refused = dict(saved), {}, []
     config.update({k: v for k, v in given.items() if k not in saved})       # keys added to the script since
     for k in explicit:
@@ -150,7 +151,7 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
                          f"a new run in another --out_dir")
     if saved.get("out_dir") != given["out_dir"]:
         changed["out_dir"] = [saved.get("out_dir"), given["out_dir"]]
-    config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"], init_from="resume")
+    config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"])   # init_from stays the run's
     config["resumes"] = list(saved.get("resumes", [])) + [changed]
     return config, changed
 

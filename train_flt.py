@@ -454,6 +454,7 @@ def setup_run(cfg, argv, folder):
     ref_curve = reference_curve(C) if C.reference else None
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
     train, val, vocab, is_bytes = load_data_rank0_first(C, rt)
+    training.record_fingerprint(cfg, training.data_fingerprint(array_pieces(train)))   # resume: the same data
     raw = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
     optimizers = build_optimizers(raw, C, rt)
     base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
@@ -510,6 +511,17 @@ def load_data_rank0_first(C, rt):
         raise ValueError(f"the data is too short for block_size={C.block_size}: "
                          f"{len(train)} train and {len(val)} val tokens")
     return train, val, vocab, is_bytes
+
+
+def array_pieces(a, limit=2**26, n=1024, size=2**16):
+    """The bytes of a training array to fingerprint: all of it up to `limit` bytes, else
+    its shape and n evenly spaced slices of `size` bytes (a token file may be many GB)."""
+    flat = np.asarray(a).reshape(-1)
+    if flat.nbytes <= limit:
+        return [str(a.shape).encode(), flat.tobytes()]
+    step = max(1, size // flat.itemsize)
+    starts = np.linspace(0, len(flat) - step, n).astype(np.int64)
+    return [str(a.shape).encode()] + [flat[s:s + step].tobytes() for s in starts]
 
 
 def build_optimizers(raw, C, rt):

@@ -56,8 +56,9 @@ import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, append_text, interrupted, last_good_checkpoint, load_checkpoint,
-                      load_state, lr_at, save_checkpoint, setup_runtime, to_json, weights_finite)
+from training import (RunFolder, RunLog, append_text, data_fingerprint, interrupted, last_good_checkpoint,
+                      load_checkpoint, load_state, lr_at, record_fingerprint, save_checkpoint, setup_runtime,
+                      to_json, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -529,11 +530,12 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
     objective, train_obj, optimizer, params = make_objective(phase, model, train_ds.mask_id, cfg, rt)
     masks = MaskStream(cfg, rt, train_ds.max_len)
     state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
+    rng = None                                            # the torch RNG to rewind to, where the loop resumes
     if resume is not None and resume["phase"] == phase:
         optimizer.load_state_dict(resume["optimizer"])
         state.update({k: resume[k] for k in state if k in resume})
         masks.gen.set_state(resume["mask_gen"])
-        torch.set_rng_state(resume["torch_rng"])
+        rng = resume["torch_rng"]
     guard = NonFiniteGuard(rt, phase, os.path.join(cfg["out_dir"], "ckpt.pt"))
     save = lambda: save_resume_point(phase, model, optimizer, masks, cfg, rt, state, guard, clock)
     announce(phase, hp, len(train_ds), len(val_ds), params, rt)
@@ -543,7 +545,8 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
         batches = epoch_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
         bar = tqdm(total=hp["steps_per_epoch"], initial=state["step_in_epoch"], disable=not rt.master,
                    desc=f"{phase} epoch {state['epoch'] + 1}/{hp['epochs']}", leave=False)
-        for micro, batch in enumerate(loader(train_ds, batches, cfg, rt)):
+        epoch_data, rng = resumed_iterator(loader(train_ds, batches, cfg, rt), rng, state["step_in_epoch"])
+        for micro, batch in enumerate(epoch_data):
             tokens, pad_mask, labels = to_device(batch, rt)
             last_micro = (micro + 1) % cfg["grad_accum"] == 0
             with grad_sync(train_obj, rt, last_micro), rt.autocast():
@@ -575,6 +578,20 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
     for p in (model.head if spt else model.lm_head).parameters():       # the other phase's head
         p.requires_grad_(True)
     return os.path.join(cfg["out_dir"], f"{phase}_best.pt"), state
+
+
+def resumed_iterator(data_loader, rng, step_in_epoch):
+    """The epoch's batch iterator, with the torch RNG (dropout's) rewound to the
+    checkpoint's state `rng` (if any) where the uninterrupted run stood: a DataLoader
+    iterator draws its seed from that RNG when it is made, so a checkpoint saved
+    mid-epoch holds the state after that draw (rewound after making the iterator), one
+    saved at an epoch's end the state before it (rewound before). Returns (iterator, None)."""
+    if rng is not None and step_in_epoch == 0:
+        torch.set_rng_state(rng)
+    batches = iter(data_loader)
+    if rng is not None and step_in_epoch > 0:
+        torch.set_rng_state(rng)
+    return batches, None
 
 
 def phase_settings(phase, cfg, n_train, rt):
@@ -857,9 +874,18 @@ def main(argv=None):
 
 
 def written_before(ckpt):
-    """The log records an interrupted run wrote up to its checkpoint (to keep on resume)."""
+    """The records (log.jsonl, snapshots.jsonl) an interrupted run wrote up to its
+    checkpoint, to keep on resume. A validation record at the checkpoint's step is kept
+    only if the checkpoint was saved after it (its epoch count includes that epoch):
+    otherwise the resumed run validates that epoch again."""
     at = (PHASES.index(ckpt["phase"]), ckpt["step"])
-    return lambda r: (PHASES.index(r["phase"]), r["step"]) <= at
+
+    def keep(r):
+        here = (PHASES.index(r["phase"]), r["step"])
+        if here == at and "val_loss" in r:
+            return r["epoch"] <= ckpt.get("epoch", r["epoch"])
+        return here <= at
+    return keep
 
 
 def load_splits(cfg, rt):
@@ -870,7 +896,19 @@ def load_splits(cfg, rt):
     data["pretrain"] = data["train"] if same else load_data(pre_task, "train", cfg)
     data["pretrain_val"] = data["val"] if same else load_data(pre_task, "val", cfg)
     check_data(cfg, rt, data)
+    record_fingerprint(cfg, data_fingerprint(example_bytes(ds) for ds in (data["train"], data["pretrain"])))
     return data
+
+
+def example_bytes(ds, n=256):
+    """The size of a dataset and the bytes of n examples spread over it: enough to tell
+    one training set from another (a resumed run compares them)."""
+    def flat(x):
+        if torch.is_tensor(x):
+            return x.numpy().tobytes()
+        return b"".join(flat(v) for v in x) if isinstance(x, (tuple, list)) else repr(x).encode()
+    picks = np.unique(np.linspace(0, len(ds) - 1, min(n, len(ds))).astype(int))
+    return str(len(ds)).encode() + b"".join(flat(ds[int(i)]) for i in picks)
 
 
 def run_phases(cfg, rt, data, model, log, ckpt):

@@ -15,6 +15,7 @@ script shows only its own experiment (the command line is configurator.py's):
 import errno
 import fcntl
 import fnmatch
+import hashlib
 import json
 import math
 import os
@@ -192,6 +193,24 @@ def grad_norm(parameters):
     """Total L2 norm of the gradients (what clip_grad_norm_ measures)."""
     norms = [p.grad.detach().norm() for p in parameters if p.grad is not None]
     return torch.stack(norms).norm() if norms else torch.zeros(())
+
+
+def data_fingerprint(pieces):
+    """16 hex digits of sha256 over byte strings: which data a run was trained on."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(len(piece).to_bytes(8, "little") + piece)
+    return h.hexdigest()[:16]
+
+
+def record_fingerprint(cfg, fingerprint):
+    """cfg["data_fingerprint"] = fingerprint. A resumed run's config already holds the
+    fingerprint of the data it was trained on, and other data is refused."""
+    if cfg.get("data_fingerprint", fingerprint) != fingerprint:
+        raise ValueError(f"the training data is not the data this run was trained on (fingerprint {fingerprint}, "
+                         f"the checkpoint's {cfg['data_fingerprint']}); resume with the same data, or start a new "
+                         f"run in another --out_dir")
+    cfg["data_fingerprint"] = fingerprint
 
 
 # -----------------------------------------------------------------------------

@@ -567,3 +567,59 @@ def test_every_json_file_a_tiny_run_writes_is_strict_json(tmp_path, text_file):
                 [strict_load(line) for line in lines if line.strip()]
                 checked += 1
     assert checked == 9       # config, log, summary, manifest of each; snapshots of the SPT run
+
+
+# -----------------------------------------------------------------------------
+# Resume rewinds everything to the checkpoint
+
+def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snapshots(tmp_path):
+    flags = [*SPT, "--dropout=0.1", "--batch_size=16", "--pretrain_epochs=2", "--epochs=2", "--snapshot_attn_every=2"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert cli(train_spt, *flags, f"--out_dir={whole}")[0] == 0
+    assert cli(train_spt, *flags, f"--out_dir={cut}", "--ckpt_every=3", "--halt_after_steps=5")[0] == 1
+    for _ in range(2):
+        assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume",
+                   "--halt_after_steps=5")[0] == 1
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume")[0] == 0
+    a, b = load_checkpoint(whole / "ckpt.pt")["model"], load_checkpoint(cut / "ckpt.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)                        # bit-exact
+    strip = lambda recs: [r for r in recs if r.get("event") != "resume"]
+    assert strip(read_log(cut)) == strip(read_log(whole))                 # no record twice, none lost
+    snaps = lambda d: [(s["phase"], s["step"]) for s in training.read_jsonl(d / "snapshots.jsonl")]
+    assert snaps(cut) == snaps(whole)
+    summary = json.load(open(cut / "summary.json"))
+    assert summary["init_from"] == json.load(open(whole / "summary.json"))["init_from"] == ""
+
+
+def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real = train_spt.save_resume_point
+    calls = []
+
+    def killed_at_the_epoch_end(*args):
+        calls.append(args[0])
+        if len(calls) == 2:                       # step 4 (ckpt_every) saved; the epoch end's is never written
+            raise SystemExit("killed")
+        return real(*args)
+    monkeypatch.setattr(train_spt, "save_resume_point", killed_at_the_epoch_end)
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--ckpt_every=4")[0] == 1
+    monkeypatch.setattr(train_spt, "save_resume_point", real)
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
+    vals = [(r["phase"], r["epoch"]) for r in read_log(out) if "val_loss" in r]
+    assert vals == [("spt", 1), ("finetune", 1)]
+
+
+def test_resume_keeps_init_from_and_refuses_other_data(finished_spt, tmp_path, text_file):
+    out = tmp_path / "ft"
+    flags = [*SPT, "--pretrain_epochs=0", f"--init_from={finished_spt}/spt_best.pt", "--epochs=2"]
+    assert cli(train_spt, *flags, f"--out_dir={out}", "--halt_after_steps=5", "--ckpt_every=1")[0] == 1
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
+    assert json.load(open(out / "config.json"))["init_from"] == f"{finished_spt}/spt_best.pt"
+    assert json.load(open(out / "summary.json"))["init_from"] == f"{finished_spt}/spt_best.pt"
+    flt = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--stop_step=2")[0] == 0
+    config = json.load(open(flt / "config.json"))
+    open(text_file, "a").write(" replaced")
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--init_from=resume")
+    assert status == 1 and "not the data this run was trained on" in message
+    assert json.load(open(flt / "config.json")) == config
