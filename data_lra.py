@@ -57,6 +57,7 @@ import time
 import numpy as np
 import torch
 
+import configurator
 import pathfinder
 import training
 
@@ -277,11 +278,26 @@ class RestrictedUnpickler(pickle.Unpickler):
         for _c in (dict, list, tuple, set, frozenset, bytearray):
             ALLOWED[(_m, _c.__name__)] = _c
 
+    def __init__(self, file, limit, **kwargs):
+        super().__init__(file, **kwargs)
+        self.limit = limit                  # bytes in the file: no array made here may claim more
+
     def find_class(self, module, name):
         obj = self.ALLOWED.get((module, name))
         if obj is None:
             raise pickle.UnpicklingError(f"refusing to load global {module}.{name} from a data file")
+        if obj is np.ndarray:
+            return self._ndarray
+        if obj is self._array:
+            return lambda cls, *args: self._array(np.ndarray if cls == self._ndarray else cls, *args)
         return obj
+
+    def _ndarray(self, shape, dtype=float, *args, **kwargs):
+        """np.ndarray(shape, dtype), refused when it claims more bytes than the file holds."""
+        size = int(np.prod(np.asarray(shape, dtype=object))) * np.dtype(dtype).itemsize
+        if size > self.limit:
+            raise pickle.UnpicklingError(f"refusing an array of {size:,} bytes from a file of {self.limit:,}")
+        return np.ndarray(shape, dtype, *args, **kwargs)
 
 
 MAX_CIFAR_BYTES = 64 << 20  # a CIFAR-10 python batch is 31 MB
@@ -296,7 +312,7 @@ def read_cifar_batch(path):
         raise ValueError(f"{path}: {size} bytes, more than the {MAX_CIFAR_BYTES} a CIFAR-10 batch needs; not unpickled")
     with open(path, "rb") as f:
         try:
-            d = RestrictedUnpickler(f, encoding="bytes").load()
+            d = RestrictedUnpickler(f, size, encoding="bytes").load()
         except pickle.UnpicklingError as e:
             why = str(e) if str(e).startswith("refusing") else f"truncated or not a CIFAR-10 pickle ({e})"
             raise ValueError(f"{path}: {why}") from None
@@ -926,12 +942,25 @@ def parse_args(argv):
         raise ValueError(f"--format must be npz or lra, got {cfg['format']!r}")
     if cfg["n"] is not None and cfg["n"] <= 0:
         raise ValueError(f"--n={cfg['n']} must be a positive number of examples")
+    if cfg["n"] is not None and cfg["task"] in ("listops", "pathfinder", "pathx"):
+        check_generate(cfg["task"], cfg["n"], cfg["resolution"], "--n")
     if not 0 <= cfg["seed"] < 2**31:
         raise ValueError(f"--seed={cfg['seed']} must be in [0, 2**31)")
     if cfg["resolution"] is not None:
         pathfinder.params(cfg["resolution"])                       # names the resolutions there are
     _difficulty(cfg["difficulty"])
     return cfg
+
+
+def check_generate(task, n, resolution=None, flag="--n_generate"):
+    """Refuse, before any work, a number of examples to generate that is over
+    configurator.MAX_COUNT or whose arrays would not fit in the memory free here."""
+    R = resolution or (128 if task == "pathx" else 32)
+    per_example = 4 * 2000 if task == "listops" else 2 * R * R     # ListOps: up to 2,000 int32 tokens
+    if n > configurator.MAX_COUNT or n * per_example > configurator.memory_available():
+        raise ValueError(f"{flag}={n} is too many {task} examples to generate here (at most "
+                         f"{configurator.MAX_COUNT:,}, and about {per_example:,} bytes each must fit in the "
+                         f"{configurator.memory_available() / 2**30:.1f} GiB free); ask for fewer")
 
 
 def _cli_value(key, value):
@@ -942,6 +971,8 @@ def _cli_value(key, value):
         return value.lower() in ("true", "1")
     if key in ("n", "resolution", "seed"):
         try:
+            if len(value) > 40:
+                raise ValueError
             return int(value)
         except ValueError:
             raise ValueError(f"--{key}={value}: expected an integer") from None
@@ -991,7 +1022,10 @@ def main(argv):
 if __name__ == "__main__":
     try:                                   # a bad flag or file: one line, as in the training scripts
         main(sys.argv[1:])
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RecursionError) as e:     # RecursionError: a --data_dir that links to itself
         if any(a.lower() == "--debug=true" for a in sys.argv):
             raise
         sys.exit("error: " + " ".join(str(e).split()))
+    except KeyboardInterrupt:
+        print("interrupted; what was generated is not cached, so the same command starts again", file=sys.stderr)
+        sys.exit(130)

@@ -282,8 +282,8 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
         for j, K in enumerate(Ks):
             ax = axes[i][j]
             for r in runs:
-                if r.cfg["variant"] == v and r.cfg["n_loops"] == K:
-                    tr = [x for x in r.log if "residual_norms" in x]
+                tr = [x for x in r.log if "residual_norms" in x]
+                if r.cfg["variant"] == v and r.cfg["n_loops"] == K and tr:           # a run in its first step has none
                     arr = np.array([x["residual_norms"] for x in tr])
                     for t in range(arr.shape[1]):
                         ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,

@@ -193,6 +193,7 @@ RECIPES = {
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
 EVAL_CHUNK = 256                    # eval-set windows per forward pass (memory, not results)
+MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
 
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
                "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
@@ -204,7 +205,15 @@ def get_config(argv):
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
     cfg = configurator.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
+    check_test_loops(cfg)
     return cfg if cfg["compare"] or cfg["evaluate"] else check_config(cfg, configurator.given_keys(argv))
+
+
+def check_test_loops(cfg):
+    """--test_loops in [0, MAX_TEST_LOOPS] (it also bounds --evaluate's curve)."""
+    if not 0 <= cfg["test_loops"] <= MAX_TEST_LOOPS:
+        raise ValueError(f"--test_loops={cfg['test_loops']} is out of range: it must be in [0, {MAX_TEST_LOOPS}] "
+                         f"(0 = max(2 * n_loops, 12))")
 
 
 def check_config(cfg, explicit):
@@ -221,7 +230,8 @@ def check_config(cfg, explicit):
                                              "eval_batches", "ckpt_interval", "vocab_size", "listops_val"),
                               nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
                                            "sample_tokens", "softcap", "lm_head_std"),
-                              fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"))
+                              fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"),
+                              counts=("listops_examples", "listops_val"))
     d = cfg["n_embd"]
     configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
     if cfg["osc_steps"] < 2:
@@ -784,6 +794,9 @@ def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
     evaluate() on the run's eval set at 1..test_loops loops (0 = max(2K, 12)).
     Prints one line per loop count and returns the dict of lists. Writes nothing."""
     ckpt = training.load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+    if "variant" not in ckpt["config"] or "model_args" not in ckpt:
+        raise ValueError(f"--evaluate={run_dir} is not a run of train_flt.py (its checkpoint has no looped model); "
+                         f"evaluate only train_flt.py runs")
     C = SimpleNamespace(**{**DEFAULTS, **ckpt["config"]})       # keys added since the run: their defaults
     rt = training.setup_runtime(device, "float32", C.seed)
     model = LoopedTransformer(LoopedConfig(**ckpt["model_args"])).to(rt.device)

@@ -262,6 +262,9 @@ def check_config(cfg, given=()):
     if cfg["pretrain_task"] not in ("", cfg["task"]) and task_vocabulary(cfg["pretrain_task"]) != \
             task_vocabulary(cfg["task"]):
         raise ValueError(vocabulary_mismatch(cfg, task_vocabulary(cfg["pretrain_task"]), task_vocabulary(cfg["task"])))
+    if cfg["n_generate"] and cfg["task"] in ("listops", "pathfinder", "pathx"):
+        import data_lra
+        data_lra.check_generate(cfg["task"], cfg["n_generate"])
     if cfg["init_from"] not in ("", "resume"):
         if not os.path.exists(cfg["init_from"]):
             raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")

@@ -623,3 +623,59 @@ def test_resume_keeps_init_from_and_refuses_other_data(finished_spt, tmp_path, t
     status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--init_from=resume")
     assert status == 1 and "not the data this run was trained on" in message
     assert json.load(open(flt / "config.json")) == config
+
+
+# -----------------------------------------------------------------------------
+# Bounds before any work; readers take only their own script's runs
+
+@pytest.mark.parametrize("script, flags, words", [
+    (train_spt, ["--lr=" + "9" * 401], "401 digits"),
+    (train_spt, ["--n_embd=" + "9" * 401], "401 digits"),
+    (train_spt, ["--epochs=" + "9" * 401], "401 digits"),
+    (train_spt, ["--out_dir=" + "x" * 300], "more than 255"),
+    (train_spt, ["--task=listops", "--n_generate=1000000000000"], "too many listops examples"),
+    (train_flt, ["--evaluate=nowhere", "--test_loops=100000000"], "--test_loops=100000000 is out of range"),
+    (train_flt, ["--evaluate=nowhere", "--test_loops=-5"], "--test_loops=-5 is out of range"),
+])
+def test_numbers_and_paths_are_bounded_before_any_work(tmp_path, script, flags, words):
+    status, message = cli(script, *flags)
+    assert status == 1 and words in message
+
+
+def test_data_lra_sizes_and_a_pickle_that_claims_more_than_it_holds(tmp_path):
+    import pickle
+
+    import data_lra
+    for task in ("listops", "pathfinder"):
+        with pytest.raises(ValueError, match="too many"):
+            data_lra.parse_args([f"--task={task}", "--generate", "--n=1000000000000"])
+
+    class Claim:
+        def __reduce__(self):
+            return (np.ndarray, ((1000000, 3072), np.dtype("u1")))
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": Claim(), b"labels": [0]}, protocol=2))
+    with pytest.raises(ValueError, match="refusing an array of 3,072,000,000 bytes"):
+        data_lra.read_cifar_batch(str(path))
+
+
+def test_listops_that_has_too_few_expressions_is_refused_quickly(tmp_path):
+    flags = [f for f in FLT if not f.startswith("--eval_batches")]
+    status, message = cli(train_flt, *flags, "--data=listops", "--listops_depth=1", "--listops_examples=1000000",
+                          f"--out_dir={tmp_path}/o")
+    assert status == 1 and "distinct ListOps expressions" in message
+
+
+def test_readers_take_only_their_own_scripts_runs(finished_spt, tmp_path, text_file):
+    for flags in ([f"--evaluate={finished_spt}"], [f"--compare={finished_spt}", f"--out_dir={tmp_path}/c"]):
+        status, message = cli(train_flt, *flags)
+        assert status == 1 and "not a run of train_flt.py" in message
+    tree = tmp_path / "tree"
+    shutil.copytree(finished_spt, tree / "spt")
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={tree}/flt")[0] == 0
+    assert cli(train_spt, f"--report={tree}")[0] == 0                    # the FLT run is left out
+    early = tmp_path / "early"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={early}", "--stop_step=1")[0] == 0
+    training.write_text(str(early / "log.jsonl"), "")                      # still in its first step
+    status, message = cli(train_flt, f"--compare={early}", f"--out_dir={tmp_path}/c2")
+    assert status in (0, 1) and "Traceback" not in message
