@@ -25,6 +25,7 @@ import torch
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
                PermissionError, IsADirectoryError, NotADirectoryError)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
 MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
 MAX_COUNT = 10**7         # a number of examples to make or read: 50x LRA's largest split
@@ -39,7 +40,7 @@ def run_cli(main, argv=None):
     try:
         return main(argv)
     except (*USER_ERRORS, OSError) as e:
-        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK
+        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK + BAD_PATH
         if not user or str(flag_value(argv, "debug", "false")).lower() == "true":
             raise
         sys.exit("error: " + " ".join(str(e).split()))      # exit status 1, one line whatever the message
