@@ -680,6 +680,8 @@ def finish(r, nan_stop):
     C, rt = r.C, r.rt
     if nan_stop is None and C.stop_step > 0 and C.stop_step < C.max_steps:
         r.say(f"stopped at step {C.stop_step} (--stop_step); continue with --init_from=resume")
+        r.model = r.raw                          # the DDP wrapper goes before its process group
+        training.close_ddp(rt)
         return None
     summary = summarize(r, nan_stop, r.wall_before + time.time() - r.t_start)
     if rt.ddp:
@@ -692,8 +694,8 @@ def finish(r, nan_stop):
             out = r.raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()
             r.say(bytes(out).decode("utf-8", errors="replace"))
         plot_runs([C.out_dir], C.out_dir, quiet=True)
-    if rt.ddp:
-        dist.destroy_process_group()
+    r.model = r.raw                              # the DDP wrapper goes before its process group
+    training.close_ddp(rt)
     return summary
 
 

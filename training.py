@@ -15,6 +15,7 @@ script shows only its own experiment (the command line is configurator.py's):
 import errno
 import fcntl
 import fnmatch
+import gc
 import hashlib
 import json
 import math
@@ -90,6 +91,19 @@ def check_device(device):
     if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
         raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
     return device
+
+
+def close_ddp(rt):
+    """End of a DDP run, on every rank after its last collective: wait for the other ranks
+    (a barrier: no rank tears down while another still talks to it), collect the
+    garbage (a DDP wrapper caught in a reference cycle holds the process group), then
+    destroy the process group. So no gloo thread outlives it into the interpreter's
+    exit, where a thread that reaches for the GIL is ended mid-stack and the process
+    aborts ("terminate called without an active exception"). Drop the DDP wrapper first."""
+    if rt.ddp:
+        dist.barrier()
+        gc.collect()
+        dist.destroy_process_group()
 
 
 # -----------------------------------------------------------------------------
