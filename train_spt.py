@@ -36,7 +36,6 @@ the run; checkpoints only ever hold finite weights. Errors are one line;
 """
 
 import hashlib
-import json
 import math
 import os
 import shlex
@@ -56,9 +55,9 @@ import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, append_text, data_fingerprint, interrupted, last_good_checkpoint,
-                      load_checkpoint, load_state, lr_at, record_fingerprint, save_checkpoint, setup_runtime,
-                      to_json, weights_finite)
+from training import (RunFolder, RunLog, append_text, close_ddp, data_fingerprint, interrupted,
+                      last_good_checkpoint, load_checkpoint, load_state, lr_at, record_fingerprint, save_checkpoint,
+                      setup_runtime, to_json, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -268,10 +267,24 @@ def check_config(cfg, given=()):
     if cfg["init_from"] not in ("", "resume"):
         if not os.path.exists(cfg["init_from"]):
             raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
-        if not weights_finite(load_checkpoint(cfg["init_from"])["model"]):
+        given_ckpt = load_checkpoint(cfg["init_from"])
+        if not weights_finite(given_ckpt["model"]):
             raise ValueError(f"--init_from={cfg['init_from']} holds NaN or inf weights (its run diverged); "
                              f"finetune from an earlier checkpoint of it")
+        check_shape_of(given_ckpt, cfg)
     return cfg
+
+
+def check_shape_of(ckpt, cfg, keys=("depth", "n_embd", "n_head", "ffn_mult")):
+    """An --init_from checkpoint is a train_spt.py model of this run's shape (before anything is written)."""
+    theirs = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    if "task" not in theirs:
+        raise ValueError(f"--init_from={cfg['init_from']} was not written by train_spt.py (no task in its config); "
+                         f"finetune from a train_spt.py checkpoint such as RUN/spt_best.pt")
+    differ = [f"--{k}={theirs.get(k)} there, {cfg[k]} here" for k in keys if theirs.get(k) != cfg[k]]
+    if differ:
+        raise ValueError(f"--init_from={cfg['init_from']} is a model of another shape ({'; '.join(differ)}); "
+                         f"give this run the same model flags")
 
 
 def default_out_dir(cfg):
@@ -655,9 +668,10 @@ class NonFiniteGuard:
         if step:
             raise FloatingPointError(
                 f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; stopping, nothing from "
-                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Lower --lr (or set "
-                f"--grad_clip if it is 0) and resume with --init_from=resume --lr=..., or start again "
-                f"with --overwrite=True")
+                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Its weights are finite "
+                f"but may already be on the way to diverging, so resuming from it with --init_from=resume "
+                f"--lr=... (lower) can diverge again; if it does, start again with --overwrite=True and a lower "
+                f"--lr (or set --grad_clip if it is 0)")
 
 
 class RunClock:
@@ -871,8 +885,7 @@ def main(argv=None):
             summary = run_phases(cfg, rt, data, model, log, ckpt)
         except KeyboardInterrupt:
             raise interrupted(os.path.join(cfg["out_dir"], "ckpt.pt")) from None
-        if rt.ddp:
-            dist.destroy_process_group()
+        close_ddp(rt)
         return summary
 
 

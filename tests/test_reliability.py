@@ -679,3 +679,15 @@ def test_readers_take_only_their_own_scripts_runs(finished_spt, tmp_path, text_f
     training.write_text(str(early / "log.jsonl"), "")                      # still in its first step
     status, message = cli(train_flt, f"--compare={early}", f"--out_dir={tmp_path}/c2")
     assert status in (0, 1) and "Traceback" not in message
+
+
+def test_a_checkpoint_of_another_shape_or_script_is_refused_before_anything_is_written(finished_spt, tmp_path,
+                                                                                          text_file):
+    flt = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--stop_step=2")[0] == 0
+    for ckpt, flags, words in ((finished_spt / "spt_best.pt", ["--n_embd=32"], "--n_embd=16 there, 32 here"),
+                               (flt / "ckpt.pt", [], "not written by train_spt.py")):
+        out = tmp_path / "o"
+        status, message = cli(train_spt, *SPT, "--pretrain_epochs=0", f"--init_from={ckpt}", *flags,
+                              f"--out_dir={out}")
+        assert status == 1 and words in message and not out.exists()
