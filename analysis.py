@@ -425,6 +425,7 @@ def run_summary(out_dir):
     return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
 
 
+RUN_SCRIPTS = ("train_spt.py", "train_flt.py")
 REPORT_DIR = "out/spt_report"     # where --report writes when the first folder given is itself a run
 REPORT_FILES = ("report.md", "val_accuracy.png", "attention_evolution.png")
 
@@ -434,7 +435,7 @@ def run_script(d):
     manifests, by its config's keys), or None when d is not a run."""
     manifest = training.read_manifest(d)
     if manifest is not None:
-        return manifest["script"]
+        return manifest["script"] if manifest["script"] in RUN_SCRIPTS else None
     try:
         with open(os.path.join(d, "config.json")) as f:
             config = json.load(f)
@@ -453,7 +454,7 @@ def find_runs(dirs):
         for root, subdirs, files in os.walk(top):
             subdirs.sort()
             real = os.path.realpath(root)
-            if "log.jsonl" not in files or real in seen:
+            if not {"log.jsonl", "summary.json"} & set(files) or real in seen:
                 continue
             seen.add(real)
             script = run_script(root)

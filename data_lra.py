@@ -183,7 +183,10 @@ def read_listops_tsv(path, max_len=2000):
         fields = line.split("\t")
         if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
             raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
-        seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
+        tokens = listops_tokenize(fields[0], path, lineno)[:max_len]
+        if len(tokens) == 0:
+            raise _malformed(path, lineno, "an expression with no tokens")
+        seqs.append(tokens)
         labels.append(int(fields[1]))
     if not seqs:
         raise ValueError(f"{path}: has the header but no rows")
@@ -682,8 +685,10 @@ def read_pathfinder_release(folder, progress=True, resolution=None):
         labels.append(label)
     if empty:
         print(f"data_lra: skipped {empty} empty (zero-byte) image(s) listed in {meta_dir}")
-    labels = np.array(labels, dtype=np.int64)
-    return np.stack(images) if images else np.zeros((0, resolution or 0, resolution or 0), np.uint8), labels
+    if not images:
+        raise ValueError(f"{meta_dir}: lists no readable images, so the PathFinder release at {folder} is empty; "
+                         f"download it again, or generate the data (--data_source=generated)")
+    return np.stack(images), np.array(labels, dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------
@@ -956,7 +961,7 @@ def check_generate(task, n, resolution=None, flag="--n_generate"):
     """Refuse, before any work, a number of examples to generate that is over
     configurator.MAX_COUNT or whose arrays would not fit in the memory free here."""
     R = resolution or (128 if task == "pathx" else 32)
-    per_example = 4 * 2000 if task == "listops" else 2 * R * R     # ListOps: up to 2,000 int32 tokens
+    per_example = 4 * 2000 if task == "listops" else R * R         # ListOps: up to 2,000 int32 tokens
     if n > configurator.MAX_COUNT or n * per_example > configurator.memory_available():
         raise ValueError(f"{flag}={n} is too many {task} examples to generate here (at most "
                          f"{configurator.MAX_COUNT:,}, and about {per_example:,} bytes each must fit in the "

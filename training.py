@@ -381,6 +381,19 @@ def alive(pid, script=None):
         return True
 
 
+def holds_lock(pid, folder, script):
+    """Whether process `pid` still writes into `folder`: it holds the folder's run.lock
+    open (deleted or not; /proc says), or, where /proc cannot tell, runs `script`."""
+    lock = os.path.join(os.path.realpath(folder), "run.lock")
+    try:
+        links = [os.readlink(os.path.join(f"/proc/{pid}/fd", fd)) for fd in os.listdir(f"/proc/{pid}/fd")]
+    except FileNotFoundError:
+        return False                                       # no such process
+    except OSError:
+        return alive(pid, script)
+    return any(link in (lock, lock + " (deleted)") for link in links)
+
+
 class Manifest:
     """A folder's manifest.json: the script (or tool) that writes there, a run id, the
     writer's pid and every file written there, listed before it exists. What a folder
@@ -532,7 +545,7 @@ class RunFolder:
         elif m["script"] != self.script:
             raise FileExistsError(f"--out_dir={self.dir} holds a run of another script ({m['script']}); use that "
                                   f"script, or choose another --out_dir")
-        elif m.get("pid") not in (None, os.getpid()) and alive(m["pid"], self.script):
+        elif m.get("pid") not in (None, os.getpid()) and holds_lock(m["pid"], self.dir, self.script):
             raise FileExistsError(f"--out_dir={self.dir} is in use by another run (pid {m['pid']}, whose run.lock "
                                   f"is gone); wait for it or choose another --out_dir")
         foreign = foreign_files(self.dir, m)

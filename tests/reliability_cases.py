@@ -10,6 +10,7 @@ result is expected) | data-loss (an earlier run's files changed) | hang (timed o
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -512,11 +513,14 @@ def round_three_bounds(results, work, flt, spt_r):
         rc, o = run(script, args, work)
         wrote = any(os.path.exists(d) for d in ("b1", "b2", "b3", "w32", "wflt", "sl_run"))
         results[f"3 {name}"] = classify(rc, o, wrong=not one_line_error(rc, o) or wrote)
-    rc, o = inproc("data_lra", [], patch=(
-        "import pickle, numpy as np; "
-        "C = type('C', (), {'__reduce__': lambda self: (np.ndarray, ((1000000, 3072), np.dtype('u1')))}); "
-        "open('claim.pkl', 'wb').write(pickle.dumps({b'data': C(), b'labels': [0]}, protocol=2)); "
-        "s.read_cifar_batch('claim.pkl')"))
+    class Claim:
+        def __reduce__(self):
+            return (np.ndarray, ((1000000, 3072), np.dtype("u1")))
+    os.makedirs("cif/cifar-10-batches-py", exist_ok=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join("cif/cifar-10-batches-py", name), "wb") as f:
+            pickle.dump({b"data": Claim(), b"labels": [0]}, f, protocol=2)
+    rc, o = run("data_lra.py", ["--task=image", "--data_dir=cif"], work)
     results["3 a CIFAR pickle claiming 2.9 GB"] = classify(rc, o, wrong="refusing an array" not in o)
     os.makedirs("tree", exist_ok=True)
     shutil.copytree("spt_done", "tree/spt")
@@ -531,7 +535,9 @@ def round_three_bounds(results, work, flt, spt_r):
                           "--n=200000", "--data_dir=cc_data"], cwd=work, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(4)
+    while "generating" not in p.stdout.readline() and p.poll() is None:     # its imports done, generating
+        pass
+    time.sleep(1)
     p.send_signal(signal.SIGINT)
     o = p.communicate(timeout=120)[0]
     results["3 Ctrl-C during data_lra.py --generate"] = "traceback" if "Traceback" in o else \

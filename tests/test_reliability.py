@@ -491,8 +491,11 @@ def test_overwrite_removes_only_the_files_the_run_listed(finished_spt, tmp_path)
 def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
     out = tmp_path / "run"
     assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "train_spt.py"])
+    holder = "import sys, time; f = open(sys.argv[1], 'a'); print('held', flush=True); time.sleep(60)"
+    live = subprocess.Popen([sys.executable, "-c", holder, str(out / "run.lock")], stdout=subprocess.PIPE, text=True)
     try:
+        assert live.stdout.readline().strip() == "held"
+        os.remove(out / "run.lock")                                # someone deleted the live run's lock
         manifest = json.load(open(out / training.MANIFEST))
         training.write_json(str(out / training.MANIFEST), dict(manifest, pid=live.pid))
         before = fingerprint(out)
