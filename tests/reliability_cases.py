@@ -355,6 +355,24 @@ def round_two(results, work, flt):
     results["2 spt --pretrain_task=listops refused quickly"] = classify(rc, o, wrong=slow or os.path.exists("pt_lo"))
 
 
+def same_text(path, text):
+    """Whether the file at `path` still holds `text` (False when it is gone or changed)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read() == text.encode()
+    except OSError:
+        return False
+
+
+def same_weights(a, b):
+    """Whether two checkpoints hold bit-identical weights (False when either is missing)."""
+    try:
+        a, b = (torch.load(p, weights_only=True)["model"] for p in (a, b))
+    except (OSError, RuntimeError):
+        return False
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def strict_json_ok(folder):
     """Every .json and .jsonl file in `folder` parses with a reader that refuses NaN."""
     def refuse(constant):
@@ -366,7 +384,7 @@ def strict_json_ok(folder):
                         [open(os.path.join(folder, name)).read()]:
                     if line.strip():
                         json.loads(line, parse_constant=refuse)
-    except ValueError:
+    except (OSError, ValueError):
         return False
     return True
 
@@ -382,7 +400,7 @@ def round_three(results, work, flt):
         os.makedirs(d, exist_ok=True)
         os.symlink(os.path.abspath("victim.txt"), os.path.join(d, name))
         rc, o = run(script, args + [f"--out_dir={d}"], work)
-        results[f"3 security: a link at {name}"] = classify(rc, o, changed=open("victim.txt").read() != "the user's")
+        results[f"3 security: a link at {name}"] = classify(rc, o, changed=not same_text("victim.txt", "the user's"))
     # data loss: files the run does not own
     os.makedirs("u", exist_ok=True)
     open("u/thesis.tmp.docx", "w").write("the user's")
@@ -418,19 +436,19 @@ def round_three(results, work, flt):
     open("results/report.md", "w").write("the user's")
     rc, o = run("train_spt.py", ["--report=results"], work)
     results["3 --report over a folder holding the user's report.md"] = classify(
-        rc, o, changed=open("results/report.md").read() != "the user's")
+        rc, o, changed=not same_text("results/report.md", "the user's"))
     shutil.copytree("spt_done", "parent/myrun")
     rc, o = run("train_spt.py", ["--report=parent/myrun"], work)
     results["3 --report on one run writes nothing into its parent"] = classify(
         rc, o, expect_error=False, changed=os.listdir("parent") != ["myrun"])
     open("mine.json", "w").write("{}")
     rc, o = run("bench.py", ["--only=data", "--quick", "--out=mine.json"], work)
-    results["3 bench.py --out over a file it did not write"] = classify(rc, o, changed=open("mine.json").read() != "{}")
+    results["3 bench.py --out over a file it did not write"] = classify(rc, o, changed=not same_text("mine.json", "{}"))
     os.makedirs("cmpfig", exist_ok=True)
     open("cmpfig/flt_loss.png", "w").write("the user's")
     rc, o = run("train_flt.py", ["--compare=cmp_a", "--out_dir=cmpfig"], work)
     results["3 --compare over a user's figure"] = classify(
-        rc, o, changed=open("cmpfig/flt_loss.png").read() != "the user's")
+        rc, o, changed=not same_text("cmpfig/flt_loss.png", "the user's"))
     round_three_resume(results, work, flt)
     round_three_bounds(results, work, flt, spt_r)
 
@@ -443,13 +461,13 @@ def round_three_resume(results, work, flt):
     for _ in range(2):
         run("train_spt.py", ["--task=synthetic", "--out_dir=dc", "--init_from=resume", "--halt_after_steps=5"], work)
     rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=dc", "--init_from=resume"], work)
-    a, b = (torch.load(f"{d}/ckpt.pt", weights_only=True)["model"] for d in ("dw", "dc"))
     results["3 dropout 0.1, three halts: bit-exact weights"] = classify(
-        rc, o, expect_error=False, wrong=not all(torch.equal(a[k], b[k]) for k in a))
-    snaps = lambda d: [(s["phase"], s["step"]) for s in map(json.loads, open(f"{d}/snapshots.jsonl"))]
+        rc, o, expect_error=False, wrong=not same_weights("dw/ckpt.pt", "dc/ckpt.pt"))
+    snaps = lambda d: [(r["phase"], r["step"]) for r in (json.loads(x) for x in open(f"{d}/snapshots.jsonl")
+                                                         if x.strip())] if os.path.exists(f"{d}/snapshots.jsonl") else None
     results["3 snapshots.jsonl trimmed on resume"] = classify(rc, o, expect_error=False, wrong=snaps("dc") != snaps("dw"))
-    s = json.load(open("dc/summary.json"))
-    results["3 a resumed run keeps its init_from"] = classify(rc, o, expect_error=False, wrong=s["init_from"] != "")
+    s = json.load(open("dc/summary.json")) if os.path.exists("dc/summary.json") else {}
+    results["3 a resumed run keeps its init_from"] = classify(rc, o, expect_error=False, wrong=s.get("init_from") != "")
     patch = ("real = s.save_resume_point; calls = []; "
              "s.save_resume_point = lambda *a: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(*a))")
     inproc("train_spt", SPT + ["--out_dir=kv", "--ckpt_every=4"], patch)
