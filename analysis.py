@@ -29,13 +29,14 @@ work on any attention maps, ours or someone else's:
 Imports torch, numpy and (for figures) matplotlib, and from this project only model.py.
 """
 
-import glob
 import json
 import math
 import os
 
 import numpy as np
 import torch
+
+import training
 
 from model import Transformer
 
@@ -196,15 +197,12 @@ def plt_figure(*args, **kwargs):
 
 
 def save_figure(plt, fig, path, dpi):
-    """The PNG is written to a temp file, then renamed: a full disk never leaves half a figure."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """The PNG is written to a temp file, then renamed (training.atomic_write): a full disk
+    never leaves half a figure, and a link at `path` is refused."""
     try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
+        training.atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def plot_attention(maps, path, title, n_examples=2):
@@ -347,8 +345,7 @@ def plot_evolution_of_runs(run_dirs, path, n_cols=6):
         snap_path = os.path.join(d, "snapshots.jsonl")
         if not os.path.exists(snap_path):
             continue
-        with open(snap_path) as f:
-            snaps = [json.loads(line) for line in f]
+        snaps = training.read_jsonl(snap_path)
         for phase in ("spt", "finetune"):
             s = [x for x in snaps if x["phase"] == phase]
             if s:
@@ -428,39 +425,83 @@ def run_summary(out_dir):
     return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
 
 
-def report_folder(dirs):
-    """Where report.md and the figures go: the first folder given, or the folders' common
-    parent when the first is itself a run (its own figures must not be replaced)."""
+RUN_SCRIPTS = ("train_spt.py", "train_flt.py")
+REPORT_DIR = "out/spt_report"     # where --report writes when the first folder given is itself a run
+REPORT_FILES = ("report.md", "val_accuracy.png", "attention_evolution.png")
+
+
+def run_script(d):
+    """The script that wrote the run folder d (its manifest says; a run written before
+    manifests, by its config's keys), or None when d is not a run."""
+    manifest = training.read_manifest(d)
+    if manifest is not None:
+        return manifest["script"] if manifest["script"] in RUN_SCRIPTS else None
+    try:
+        with open(os.path.join(d, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return "train_flt.py" if "variant" in config else "train_spt.py" if "task" in config else None
+
+
+def find_runs(dirs):
+    """The train_spt.py run folders under the comma list `dirs`, walked without following
+    links, each once by its real path: (finished runs, unfinished runs, other scripts' runs)."""
+    seen, finished, unfinished, other = set(), [], [], []
+    for top in dirs.split(","):
+        if not os.path.isdir(top):
+            raise FileNotFoundError(f"--report={dirs}: {top} is not a folder")
+        for root, subdirs, files in os.walk(top):
+            subdirs.sort()
+            real = os.path.realpath(root)
+            if not {"log.jsonl", "summary.json"} & set(files) or real in seen:
+                continue
+            seen.add(real)
+            script = run_script(root)
+            if script != "train_spt.py":
+                other.append(root)
+            elif "summary.json" in files and not os.path.islink(os.path.join(root, "summary.json")):
+                finished.append(root)
+            else:
+                unfinished.append(root)
+    return finished, unfinished, other
+
+
+def report_folder(dirs, out_dir=""):
+    """Where report.md and the figures go: --out_dir if given, else the first folder
+    given unless it is itself a run (its own figures must not be replaced, nor its
+    parent written into), else REPORT_DIR."""
     first = dirs.split(",")[0]
-    for where in (first, os.path.commonpath([os.path.abspath(d) for d in dirs.split(",")]),
-                  os.path.dirname(os.path.abspath(first))):
-        if os.path.isdir(where) and not os.path.exists(os.path.join(where, "config.json")):
-            return where
-    raise ValueError(f"--report={dirs}: no folder to write the report into that is not a run")
+    if out_dir:
+        return out_dir
+    return first if run_script(first) is None else REPORT_DIR
 
 
-def report(dirs):
-    paths = []
-    for d in dirs.split(","):
-        paths += sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True))
-    if not paths:
-        raise FileNotFoundError(f"no summary.json under {dirs}")
-    runs = [(os.path.dirname(p), run_summary(os.path.dirname(p))) for p in paths]
-    done = {d for d, _ in runs}
-    unfinished = sorted({os.path.dirname(p) for d in dirs.split(",")
-                         for p in glob.glob(os.path.join(d, "**", "log.jsonl"), recursive=True)} - done)
+def report(dirs, out_dir=""):
+    """--report: one table of the train_spt.py runs under `dirs` (runs of other scripts
+    are left out, and said so), report.md and two figures, written where report_folder
+    says and never over a file --report did not write."""
+    finished, unfinished, other = find_runs(dirs)
+    if other:
+        print(f"left out (not train_spt.py runs): {', '.join(other)}")
+    if not finished:
+        raise FileNotFoundError(f"no finished train_spt.py run (summary.json) under {dirs}")
+    runs = [(d, run_summary(d)) for d in finished]
     lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
     for d, s in runs:
         cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n\n" + seed_table(runs)
     print(table)
-    where = report_folder(dirs)
-    with open(os.path.join(where, "report.md"), "w") as f:
-        f.write(table + "\n")
-    print(f"SPT loss and val accuracy figure: "
-          f"{plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'), unfinished)}")
-    fig = plot_evolution_of_runs([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
-    if fig:
-        print(f"attention evolution figure: {fig}")
+    where = report_folder(dirs, out_dir)
+    outputs = training.claim_outputs(where, "train_spt.py --report", REPORT_FILES)
+    try:
+        training.write_text(os.path.join(where, "report.md"), table + "\n")
+        print(f"report: {os.path.join(where, 'report.md')}; SPT loss and val accuracy figure: "
+              f"{plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'), unfinished)}")
+        fig = plot_evolution_of_runs([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
+        if fig:
+            print(f"attention evolution figure: {fig}")
+    finally:
+        outputs.release()
     return table

@@ -30,6 +30,7 @@ median over repetitions; a ratio is the median over repetitions of the ratio of
 the two times measured side by side. No test asserts any of these timings.
 """
 
+import json
 import math
 import os
 import platform
@@ -550,21 +551,34 @@ BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_lo
 
 # -----------------------------------------------------------------------------
 
+def check_out(path):
+    """--out replaces only a file bench.py wrote (its JSON says written_by: bench.py)."""
+    if not os.path.lexists(path):
+        return
+    try:
+        with training.open_nofollow(path, os.O_RDONLY, "r") as f:
+            ours = json.load(f).get("written_by") == "bench.py"
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise FileExistsError(f"--out={path} exists and was not written by bench.py; choose another --out")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     argv = ["--quick=True" if a == "--quick" else a for a in argv]     # the bare flag, too
     cfg = configurator.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
                                                           "peak_flops", "threads")}, argv, __doc__)
-    dev = cfg["device"]
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    configurator.check_ranges(cfg, nonnegative=("reps", "peak_flops", "threads"), seeds=())
+    dev = training.check_device(cfg["device"])
+    check_out(cfg["out"])
     if cfg["threads"] and dev == "cpu":
         torch.set_num_threads(cfg["threads"])
     chosen = [s.strip() for s in cfg["only"].split(",") if s.strip()]
     unknown = set(chosen) - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown section(s) {sorted(unknown)} in --only; choose from {SECTIONS}")
-    report = dict(config=cfg, machine=machine_info(dev), sections={})
+    report = dict(written_by="bench.py", config=cfg, machine=machine_info(dev), sections={})
     m = report["machine"]
     print(f"# bench.py{' --quick (REDUCED sizes)' if cfg['quick'] else ''}: torch {m['torch']}, {dev}"
           f"{' (' + m['gpu'] + ')' if 'gpu' in m else ''}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "

@@ -6,7 +6,8 @@ before any work; a user error is one line on stderr, never a traceback.
   run_cli        call main(argv): a user error exits 1 with 'error: ...' (--debug=True shows the traceback)
   configure      the defaults with --key=value applied; --help lists every key
   flag_value     the raw value of one flag (for the flags that pick other defaults)
-  check_ranges   every numeric flag inside its range
+  check_ranges   every numeric flag inside its range (integers, counts and path lengths are bounded
+                 when parsed, and by check_ranges' counts)
   resume_config  what a resumed run continues with (safe flags may change)
   check_memory   a model too large for this machine, refused before anything is allocated
 """
@@ -24,7 +25,11 @@ import torch
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
                PermissionError, IsADirectoryError, NotADirectoryError)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
+MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
+MAX_COUNT = 10**7         # a number of examples to make or read: 50x LRA's largest split
+NAME_MAX, PATH_MAX = 255, 4096   # bytes in one component of a path, and in a whole path (Linux)
 
 
 def run_cli(main, argv=None):
@@ -35,7 +40,7 @@ def run_cli(main, argv=None):
     try:
         return main(argv)
     except (*USER_ERRORS, OSError) as e:
-        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK
+        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK + BAD_PATH
         if not user or str(flag_value(argv, "debug", "false")).lower() == "true":
             raise
         sys.exit("error: " + " ".join(str(e).split()))      # exit status 1, one line whatever the message
@@ -70,7 +75,9 @@ def configure(defaults, argv=None, doc=""):
 
 def _parse_value(key, text, default):
     if isinstance(default, str):
-        return text                                   # strings are taken verbatim
+        return check_path_length(key, text)           # strings are taken verbatim
+    if len(text) > 40 and text.lstrip("+-").isdigit():
+        raise ValueError(f"--{key}={text[:12]}... ({len(text)} digits) is too large; at most {MAX_INT}")
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -80,6 +87,8 @@ def _parse_value(key, text, default):
             value = float(value)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"--{key}={text} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ValueError(f"--{key}={text} is too large; at most {MAX_INT}")
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, (int, float)):
@@ -91,6 +100,17 @@ def _parse_value(key, text, default):
         raise ValueError(f"--{key}={text} has the wrong type: expected {type(default).__name__} "
                          f"like the default {default!r}")
     return value
+
+
+def check_path_length(key, text):
+    """A string flag (often a path) whose components fit the file system: each at most
+    NAME_MAX bytes, the whole at most PATH_MAX. Returns the text."""
+    long = [c for c in text.split(os.sep) if len(c.encode(errors="surrogateescape")) > NAME_MAX]
+    if long or len(text.encode(errors="surrogateescape")) > PATH_MAX:
+        what = f"the name {long[0][:24]}... has {len(long[0].encode(errors='surrogateescape'))} bytes, more than " \
+               f"{NAME_MAX}" if long else f"it has more than {PATH_MAX} bytes"
+        raise ValueError(f"--{key}: {what}; choose a shorter one")
+    return text
 
 
 def given_keys(argv):
@@ -105,11 +125,12 @@ def flag_value(argv, key, default):
     return given[-1] if given else default
 
 
-def check_ranges(cfg, positive=(), nonnegative=(), fractions=(), seeds=("seed",)):
+def check_ranges(cfg, positive=(), nonnegative=(), fractions=(), seeds=("seed",), counts=()):
     """Refuse, before any work, a flag outside its range: `positive` > 0, `nonnegative`
-    >= 0, `fractions` in [0, 1), `seeds` in [0, MAX_SEED]."""
+    >= 0, `fractions` in [0, 1), `seeds` in [0, MAX_SEED], `counts` in [0, MAX_COUNT]."""
     for keys, ok, allowed in ((positive, lambda v: v > 0, "> 0"),
                               (nonnegative, lambda v: v >= 0, ">= 0"),
+                              (counts, lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT:,}]"),
                               (fractions, lambda v: 0 <= v < 1, "in [0, 1)"),
                               (seeds, lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]")):
         for k in keys:
@@ -133,8 +154,9 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     given (a moved folder resumes where it now is), and each flag named on this command
     line (`explicit`) applied when it is in `safe` (it cannot change what was computed so
     far, e.g. lr, max_hours); any other that differs is refused. `per_call` flags (where
-    to stop this call) always take this command line's value. Returns (config, changed),
-    changed = {key: [checkpoint's value, new value]}."""
+    to stop this call) always take this command line's value; init_from keeps the run's
+    own (where its weights came from), and each resume is listed under "resumes".
+    Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
     config, changed, refused = dict(saved), {}, []
     config.update({k: v for k, v in given.items() if k not in saved})       # keys added to the script since
     for k in explicit:
@@ -150,7 +172,7 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
                          f"a new run in another --out_dir")
     if saved.get("out_dir") != given["out_dir"]:
         changed["out_dir"] = [saved.get("out_dir"), given["out_dir"]]
-    config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"], init_from="resume")
+    config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"])   # init_from stays the run's
     config["resumes"] = list(saved.get("resumes", [])) + [changed]
     return config, changed
 

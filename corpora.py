@@ -76,9 +76,7 @@ def prepare_stdlib(data_dir, root=None):
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
         for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
-            tmp = f"{path}.tmp.{os.getpid()}"
-            part.tofile(tmp)
-            os.replace(tmp, path)
+            training.atomic_write(path, part.tofile)
         training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
             k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
@@ -149,10 +147,12 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
     bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
     is the answer digit. So the loss, and the accuracy, read the answer only: how
     well the model evaluates the expression, a computation more loops can help.
-    Expressions longer than block_size + 1 bytes are drawn again."""
-    rng, seen, rows = np.random.default_rng(seed), set(), []
+    Expressions longer than block_size + 1 bytes are drawn again; when 20,000 draws in a
+    row bring nothing new, there are no more to find (depth 1 has about 4,400), and fewer
+    than n is refused."""
+    rng, seen, rows, last_new = np.random.default_rng(seed), set(), [], 0
     for draw in tqdm(range(50 * n), desc="listops", leave=False):
-        if draw == 20_000 and not rows:                       # none fits: say so now, not after 50 n draws
+        if draw - last_new > 20_000:                          # none new in 20,000 draws: as many as there are
             break
         tokens = listops_expression(rng, depth)
         text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
@@ -163,6 +163,7 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
             xy[0, :len(text) - 1] = list(text[:-1])
             xy[1, len(text) - 2] = text[-1]                   # the target after '=' is the value
             rows.append(xy)
+            last_new = draw
             if len(rows) == n:
                 return np.stack(rows)
     raise ValueError(f"only {len(rows)} distinct ListOps expressions of depth {depth} fit block_size={block_size}; "

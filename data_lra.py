@@ -57,7 +57,9 @@ import time
 import numpy as np
 import torch
 
+import configurator
 import pathfinder
+import training
 
 # -----------------------------------------------------------------------------
 # vocabularies
@@ -181,7 +183,10 @@ def read_listops_tsv(path, max_len=2000):
         fields = line.split("\t")
         if len(fields) != 2 or not fields[1].strip().isdigit() or not 0 <= int(fields[1]) <= 9:
             raise _malformed(path, lineno, "expected '<expression><TAB><label 0-9>'")
-        seqs.append(listops_tokenize(fields[0], path, lineno)[:max_len])
+        tokens = listops_tokenize(fields[0], path, lineno)[:max_len]
+        if len(tokens) == 0:
+            raise _malformed(path, lineno, "an expression with no tokens")
+        seqs.append(tokens)
         labels.append(int(fields[1]))
     if not seqs:
         raise ValueError(f"{path}: has the header but no rows")
@@ -276,11 +281,26 @@ class RestrictedUnpickler(pickle.Unpickler):
         for _c in (dict, list, tuple, set, frozenset, bytearray):
             ALLOWED[(_m, _c.__name__)] = _c
 
+    def __init__(self, file, limit, **kwargs):
+        super().__init__(file, **kwargs)
+        self.limit = limit                  # bytes in the file: no array made here may claim more
+
     def find_class(self, module, name):
         obj = self.ALLOWED.get((module, name))
         if obj is None:
             raise pickle.UnpicklingError(f"refusing to load global {module}.{name} from a data file")
+        if obj is np.ndarray:
+            return self._ndarray
+        if obj is self._array:
+            return lambda cls, *args: self._array(np.ndarray if cls == self._ndarray else cls, *args)
         return obj
+
+    def _ndarray(self, shape, dtype=float, *args, **kwargs):
+        """np.ndarray(shape, dtype), refused when it claims more bytes than the file holds."""
+        size = int(np.prod(np.asarray(shape, dtype=object))) * np.dtype(dtype).itemsize
+        if size > self.limit:
+            raise pickle.UnpicklingError(f"refusing an array of {size:,} bytes from a file of {self.limit:,}")
+        return np.ndarray(shape, dtype, *args, **kwargs)
 
 
 MAX_CIFAR_BYTES = 64 << 20  # a CIFAR-10 python batch is 31 MB
@@ -295,7 +315,7 @@ def read_cifar_batch(path):
         raise ValueError(f"{path}: {size} bytes, more than the {MAX_CIFAR_BYTES} a CIFAR-10 batch needs; not unpickled")
     with open(path, "rb") as f:
         try:
-            d = RestrictedUnpickler(f, encoding="bytes").load()
+            d = RestrictedUnpickler(f, size, encoding="bytes").load()
         except pickle.UnpicklingError as e:
             why = str(e) if str(e).startswith("refusing") else f"truncated or not a CIFAR-10 pickle ({e})"
             raise ValueError(f"{path}: {why}") from None
@@ -496,10 +516,7 @@ def write_listops_tsv(path, rows):
 
 def _atomic_write_text(path, text):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    training.atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 # -----------------------------------------------------------------------------
@@ -527,7 +544,7 @@ def _cache_ok(sidecar, key, files):
 
 def _write_sidecar(sidecar, key, files):
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
-    _atomic_write_text(sidecar, json.dumps(meta, indent=1))
+    _atomic_write_text(sidecar, training.to_json(meta, indent=1))
 
 
 def _split_80_10_10(n, split, seed=0):
@@ -668,8 +685,10 @@ def read_pathfinder_release(folder, progress=True, resolution=None):
         labels.append(label)
     if empty:
         print(f"data_lra: skipped {empty} empty (zero-byte) image(s) listed in {meta_dir}")
-    labels = np.array(labels, dtype=np.int64)
-    return np.stack(images) if images else np.zeros((0, resolution or 0, resolution or 0), np.uint8), labels
+    if not images:
+        raise ValueError(f"{meta_dir}: lists no readable images, so the PathFinder release at {folder} is empty; "
+                         f"download it again, or generate the data (--data_source=generated)")
+    return np.stack(images), np.array(labels, dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------
@@ -740,10 +759,7 @@ def _load_npz(path, key):
 
 def _save_npz(path, key, **arrays):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    training.atomic_write(path, lambda f: np.savez(f, **arrays))
     _write_sidecar(path + ".json", key, [path])
 
 
@@ -804,8 +820,10 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
         axes[r][0].set_ylabel(f"{d}\n(length {length})", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        training.atomic_write(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -929,12 +947,25 @@ def parse_args(argv):
         raise ValueError(f"--format must be npz or lra, got {cfg['format']!r}")
     if cfg["n"] is not None and cfg["n"] <= 0:
         raise ValueError(f"--n={cfg['n']} must be a positive number of examples")
+    if cfg["n"] is not None and cfg["task"] in ("listops", "pathfinder", "pathx"):
+        check_generate(cfg["task"], cfg["n"], cfg["resolution"], "--n")
     if not 0 <= cfg["seed"] < 2**31:
         raise ValueError(f"--seed={cfg['seed']} must be in [0, 2**31)")
     if cfg["resolution"] is not None:
         pathfinder.params(cfg["resolution"])                       # names the resolutions there are
     _difficulty(cfg["difficulty"])
     return cfg
+
+
+def check_generate(task, n, resolution=None, flag="--n_generate"):
+    """Refuse, before any work, a number of examples to generate that is over
+    configurator.MAX_COUNT or whose arrays would not fit in the memory free here."""
+    R = resolution or (128 if task == "pathx" else 32)
+    per_example = 4 * 2000 if task == "listops" else R * R         # ListOps: up to 2,000 int32 tokens
+    if n > configurator.MAX_COUNT or n * per_example > configurator.memory_available():
+        raise ValueError(f"{flag}={n} is too many {task} examples to generate here (at most "
+                         f"{configurator.MAX_COUNT:,}, and about {per_example:,} bytes each must fit in the "
+                         f"{configurator.memory_available() / 2**30:.1f} GiB free); ask for fewer")
 
 
 def _cli_value(key, value):
@@ -945,6 +976,8 @@ def _cli_value(key, value):
         return value.lower() in ("true", "1")
     if key in ("n", "resolution", "seed"):
         try:
+            if len(value) > 40:
+                raise ValueError
             return int(value)
         except ValueError:
             raise ValueError(f"--{key}={value}: expected an integer") from None
@@ -994,7 +1027,10 @@ def main(argv):
 if __name__ == "__main__":
     try:                                   # a bad flag or file: one line, as in the training scripts
         main(sys.argv[1:])
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RecursionError) as e:     # RecursionError: a --data_dir that links to itself
         if any(a.lower() == "--debug=true" for a in sys.argv):
             raise
         sys.exit("error: " + " ".join(str(e).split()))
+    except KeyboardInterrupt:
+        print("interrupted; what was generated is not cached, so the same command starts again", file=sys.stderr)
+        sys.exit(130)

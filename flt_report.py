@@ -189,9 +189,23 @@ def load_run(d):
             raise FileNotFoundError(f"--compare: {os.path.join(d, name)} is missing (is {d} a run folder?)")
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
+    if "variant" not in cfg:
+        raise ValueError(f"--compare: {d} is not a run of train_flt.py (its config has no variant); compare only "
+                         f"train_flt.py runs")
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    return SimpleNamespace(dir=d, cfg=cfg, log=training.read_log(d), summary=summary)
+    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in training.read_log(d)],
+                           summary=as_numbers(summary))
+
+
+NOT_NUMBERS = ("diverged_reason", "nan_step", "collapse", "collapse_reason", "reference")
+
+
+def as_numbers(record):
+    """A summary or log record as written (strict JSON: a NaN is null) with its numbers
+    read back: null is NaN again, in the fields and lists that hold numbers."""
+    nan = lambda v: float("nan") if v is None else [nan(x) for x in v] if isinstance(v, list) else v
+    return {k: v if k in NOT_NUMBERS else nan(v) for k, v in record.items()}
 
 
 def rejudge(r):
@@ -225,7 +239,7 @@ def save(fig, plt, out_dir, name, dpi):
     """Atomically (a full disk never leaves half a figure)."""
     fig.tight_layout()
     try:
-        training.atomic_write(os.path.join(out_dir, name), lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+        training.atomic_write(os.path.join(out_dir, name), lambda f: fig.savefig(f, dpi=dpi, format="png"))
     finally:
         plt.close(fig)
 
@@ -268,8 +282,8 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
         for j, K in enumerate(Ks):
             ax = axes[i][j]
             for r in runs:
-                if r.cfg["variant"] == v and r.cfg["n_loops"] == K:
-                    tr = [x for x in r.log if "residual_norms" in x]
+                tr = [x for x in r.log if "residual_norms" in x]
+                if r.cfg["variant"] == v and r.cfg["n_loops"] == K and tr:           # a run in its first step has none
                     arr = np.array([x["residual_norms"] for x in tr])
                     for t in range(arr.shape[1]):
                         ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,

@@ -193,6 +193,7 @@ RECIPES = {
 }
 MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
 EVAL_CHUNK = 256                    # eval-set windows per forward pass (memory, not results)
+MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
 
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
                "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
@@ -204,7 +205,15 @@ def get_config(argv):
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
     cfg = configurator.configure({**DEFAULTS, **RECIPES[optim]}, argv, __doc__)
+    check_test_loops(cfg)
     return cfg if cfg["compare"] or cfg["evaluate"] else check_config(cfg, configurator.given_keys(argv))
+
+
+def check_test_loops(cfg):
+    """--test_loops in [0, MAX_TEST_LOOPS] (it also bounds --evaluate's curve)."""
+    if not 0 <= cfg["test_loops"] <= MAX_TEST_LOOPS:
+        raise ValueError(f"--test_loops={cfg['test_loops']} is out of range: it must be in [0, {MAX_TEST_LOOPS}] "
+                         f"(0 = max(2 * n_loops, 12))")
 
 
 def check_config(cfg, explicit):
@@ -221,7 +230,8 @@ def check_config(cfg, explicit):
                                              "eval_batches", "ckpt_interval", "vocab_size", "listops_val"),
                               nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
                                            "sample_tokens", "softcap", "lm_head_std"),
-                              fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"))
+                              fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"),
+                              counts=("listops_examples", "listops_val"))
     d = cfg["n_embd"]
     configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
     if cfg["osc_steps"] < 2:
@@ -374,7 +384,7 @@ def main(argv=None):
         return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
     master = int(os.environ.get("RANK", 0)) == 0
     resume = cfg["init_from"] == "resume"
-    with training.RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+    with training.RunFolder(cfg["out_dir"], "train_flt.py", RUN_FILES, cfg["overwrite"], resume, master) as folder:
         run = setup_run(cfg, argv, folder)
         try:
             nan_stop = train(run)
@@ -398,14 +408,19 @@ def only_flags(given, mode, allowed):
 
 def compare(cfg, given):
     """--compare: the figures and compare.md of finished runs, drawn into a folder that
-    holds no run (a run's own figures are never replaced)."""
+    holds no run (a run's own figures are never replaced), replacing only files an
+    earlier --compare wrote there (training.claim_outputs)."""
     only_flags(given, "compare", ("out_dir",))
     out = cfg["out_dir"] if "out_dir" in given else COMPARE_DIR
     held = [f for f in training.RESULT_FILES if os.path.exists(os.path.join(out, f))]
     if held:
         raise FileExistsError(f"--out_dir={out} holds a run ({', '.join(held)}); --compare draws into a folder "
                               f"that is not a run, e.g. --out_dir={COMPARE_DIR}")
-    return plot_runs(cfg["compare"].split(","), out)
+    outputs = training.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
+    try:
+        return plot_runs(cfg["compare"].split(","), out)
+    finally:
+        outputs.release()
 
 
 @dataclass
@@ -449,6 +464,7 @@ def setup_run(cfg, argv, folder):
     ref_curve = reference_curve(C) if C.reference else None
     rt = training.setup_runtime(C.device, C.dtype, C.seed)
     train, val, vocab, is_bytes = load_data_rank0_first(C, rt)
+    training.record_fingerprint(cfg, training.data_fingerprint(array_pieces(train)))   # resume: the same data
     raw = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
     optimizers = build_optimizers(raw, C, rt)
     base_lrs = [[C.lr_mult * g["lr"] for g in o.param_groups] for o in optimizers]   # from the flags, also on resume
@@ -505,6 +521,17 @@ def load_data_rank0_first(C, rt):
         raise ValueError(f"the data is too short for block_size={C.block_size}: "
                          f"{len(train)} train and {len(val)} val tokens")
     return train, val, vocab, is_bytes
+
+
+def array_pieces(a, limit=2**26, n=1024, size=2**16):
+    """The bytes of a training array to fingerprint: all of it up to `limit` bytes, else
+    its shape and n evenly spaced slices of `size` bytes (a token file may be many GB)."""
+    flat = np.asarray(a).reshape(-1)
+    if flat.nbytes <= limit:
+        return [str(a.shape).encode(), flat.tobytes()]
+    step = max(1, size // flat.itemsize)
+    starts = np.linspace(0, len(flat) - step, n).astype(np.int64)
+    return [str(a.shape).encode()] + [flat[s:s + step].tobytes() for s in starts]
 
 
 def build_optimizers(raw, C, rt):
@@ -653,20 +680,22 @@ def finish(r, nan_stop):
     C, rt = r.C, r.rt
     if nan_stop is None and C.stop_step > 0 and C.stop_step < C.max_steps:
         r.say(f"stopped at step {C.stop_step} (--stop_step); continue with --init_from=resume")
+        r.model = r.raw                          # the DDP wrapper goes before its process group
+        training.close_ddp(rt)
         return None
     summary = summarize(r, nan_stop, r.wall_before + time.time() - r.t_start)
     if rt.ddp:
         summary["ddp_replicas_identical"] = replicas_identical(r.raw)
     r.log.summary(summary)
     if rt.master:
-        r.say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        r.say(training.to_json({k: v for k, v in summary.items() if not isinstance(v, list)}))
         if r.is_bytes and C.sample_tokens and nan_stop is None:
             prompt = torch.tensor([list(b"The ")], device=rt.device)
             out = r.raw.generate(prompt, C.sample_tokens, temperature=0.8, top_k=40)[0].tolist()
             r.say(bytes(out).decode("utf-8", errors="replace"))
         plot_runs([C.out_dir], C.out_dir, quiet=True)
-    if rt.ddp:
-        dist.destroy_process_group()
+    r.model = r.raw                              # the DDP wrapper goes before its process group
+    training.close_ddp(rt)
     return summary
 
 
@@ -767,6 +796,9 @@ def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
     evaluate() on the run's eval set at 1..test_loops loops (0 = max(2K, 12)).
     Prints one line per loop count and returns the dict of lists. Writes nothing."""
     ckpt = training.load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+    if "variant" not in ckpt["config"] or "model_args" not in ckpt:
+        raise ValueError(f"--evaluate={run_dir} is not a run of train_flt.py (its checkpoint has no looped model); "
+                         f"evaluate only train_flt.py runs")
     C = SimpleNamespace(**{**DEFAULTS, **ckpt["config"]})       # keys added since the run: their defaults
     rt = training.setup_runtime(device, "float32", C.seed)
     model = LoopedTransformer(LoopedConfig(**ckpt["model_args"])).to(rt.device)

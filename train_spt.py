@@ -36,7 +36,6 @@ the run; checkpoints only ever hold finite weights. Errors are one line;
 """
 
 import hashlib
-import json
 import math
 import os
 import shlex
@@ -57,8 +56,9 @@ import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, interrupted, last_good_checkpoint, load_checkpoint, load_state,
-                      lr_at, save_checkpoint, setup_runtime, weights_finite)
+from training import (RunFolder, RunLog, append_text, close_ddp, data_fingerprint, interrupted,
+                      last_good_checkpoint, load_checkpoint, load_state, lr_at, record_fingerprint, save_checkpoint,
+                      setup_runtime, to_json, weights_finite)
 
 # -----------------------------------------------------------------------------
 # Defaults. Task-specific ones come from TASKS (Amos et al.'s configs).
@@ -104,7 +104,8 @@ DEFAULTS = dict(
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
     snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
     halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
-    report="",               # comma list of folders: gather their summary.json into a table
+    report="",               # comma list of folders: gather their summary.json into a table (written into
+                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
     # system
     device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
     compile=False, num_workers=0, debug=False,
@@ -232,9 +233,9 @@ def get_config(argv):
 def check_config(cfg, given=()):
     """Refuse bad values before any work is done, naming what is allowed. `given`: the
     keys on the command line (a flag that does not apply to this run is refused)."""
-    if cfg["report"] and set(given) - {"report", "debug"}:
-        raise ValueError(f"--report gathers finished runs and takes no other flag (got "
-                         f"{', '.join('--' + k for k in given if k not in ('report', 'debug'))})")
+    if cfg["report"] and set(given) - {"report", "out_dir", "debug"}:
+        raise ValueError(f"--report gathers finished runs and takes no other flag but --out_dir (got "
+                         f"{', '.join('--' + k for k in given if k not in ('report', 'out_dir', 'debug'))})")
     schedules = ("cosine", "linear", "constant")   # training.lr_at's
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
@@ -275,13 +276,30 @@ def check_config(cfg, given=()):
     if cfg["pretrain_task"] not in ("", cfg["task"]) and task_vocabulary(cfg["pretrain_task"]) != \
             task_vocabulary(cfg["task"]):
         raise ValueError(vocabulary_mismatch(cfg, task_vocabulary(cfg["pretrain_task"]), task_vocabulary(cfg["task"])))
+    if cfg["n_generate"] and cfg["task"] in ("listops", "pathfinder", "pathx"):
+        import data_lra
+        data_lra.check_generate(cfg["task"], cfg["n_generate"])
     if cfg["init_from"] not in ("", "resume"):
         if not os.path.exists(cfg["init_from"]):
             raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
-        if not weights_finite(load_checkpoint(cfg["init_from"])["model"]):
+        given_ckpt = load_checkpoint(cfg["init_from"])
+        if not weights_finite(given_ckpt["model"]):
             raise ValueError(f"--init_from={cfg['init_from']} holds NaN or inf weights (its run diverged); "
                              f"finetune from an earlier checkpoint of it")
+        check_shape_of(given_ckpt, cfg)
     return cfg
+
+
+def check_shape_of(ckpt, cfg, keys=("depth", "n_embd", "n_head", "ffn_mult")):
+    """An --init_from checkpoint is a train_spt.py model of this run's shape (before anything is written)."""
+    theirs = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    if "task" not in theirs:
+        raise ValueError(f"--init_from={cfg['init_from']} was not written by train_spt.py (no task in its config); "
+                         f"finetune from a train_spt.py checkpoint such as RUN/spt_best.pt")
+    differ = [f"--{k}={theirs.get(k)} there, {cfg[k]} here" for k in keys if theirs.get(k) != cfg[k]]
+    if differ:
+        raise ValueError(f"--init_from={cfg['init_from']} is a model of another shape ({'; '.join(differ)}); "
+                         f"give this run the same model flags")
 
 
 def default_out_dir(cfg):
@@ -543,11 +561,12 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
     objective, train_obj, optimizer, params = make_objective(phase, model, train_ds.mask_id, cfg, rt)
     masks = MaskStream(cfg, rt, train_ds.max_len)
     state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
+    rng = None                                            # the torch RNG to rewind to, where the loop resumes
     if resume is not None and resume["phase"] == phase:
         optimizer.load_state_dict(resume["optimizer"])
         state.update({k: resume[k] for k in state if k in resume})
         masks.gen.set_state(resume["mask_gen"])
-        torch.set_rng_state(resume["torch_rng"])
+        rng = resume["torch_rng"]
     guard = NonFiniteGuard(rt, phase, os.path.join(cfg["out_dir"], "ckpt.pt"))
     save = lambda: save_resume_point(phase, model, optimizer, masks, cfg, rt, state, guard, clock)
     announce(phase, hp, len(train_ds), len(val_ds), params, rt)
@@ -557,7 +576,8 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
         batches = epoch_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
         bar = tqdm(total=hp["steps_per_epoch"], initial=state["step_in_epoch"], disable=not rt.master,
                    desc=f"{phase} epoch {state['epoch'] + 1}/{hp['epochs']}", leave=False)
-        for micro, batch in enumerate(loader(train_ds, batches, cfg, rt)):
+        epoch_data, rng = resumed_iterator(loader(train_ds, batches, cfg, rt), rng, state["step_in_epoch"])
+        for micro, batch in enumerate(epoch_data):
             tokens, pad_mask, labels = to_device(batch, rt)
             last_micro = (micro + 1) % cfg["grad_accum"] == 0
             with grad_sync(train_obj, rt, last_micro), rt.autocast():
@@ -589,6 +609,20 @@ def train_phase(phase, model, train_ds, val_ds, cfg, rt, log, clock, resume=None
     for p in (model.head if spt else model.lm_head).parameters():       # the other phase's head
         p.requires_grad_(True)
     return os.path.join(cfg["out_dir"], f"{phase}_best.pt"), state
+
+
+def resumed_iterator(data_loader, rng, step_in_epoch):
+    """The epoch's batch iterator, with the torch RNG (dropout's) rewound to the
+    checkpoint's state `rng` (if any) where the uninterrupted run stood: a DataLoader
+    iterator draws its seed from that RNG when it is made, so a checkpoint saved
+    mid-epoch holds the state after that draw (rewound after making the iterator), one
+    saved at an epoch's end the state before it (rewound before). Returns (iterator, None)."""
+    if rng is not None and step_in_epoch == 0:
+        torch.set_rng_state(rng)
+    batches = iter(data_loader)
+    if rng is not None and step_in_epoch > 0:
+        torch.set_rng_state(rng)
+    return batches, None
 
 
 def phase_settings(phase, cfg, n_train, rt):
@@ -649,9 +683,10 @@ class NonFiniteGuard:
         if step:
             raise FloatingPointError(
                 f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; stopping, nothing from "
-                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Lower --lr (or set "
-                f"--grad_clip if it is 0) and resume with --init_from=resume --lr=..., or start again "
-                f"with --overwrite=True")
+                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Its weights are finite "
+                f"but may already be on the way to diverging, so resuming from it with --init_from=resume "
+                f"--lr=... (lower) can diverge again; if it does, start again with --overwrite=True and a lower "
+                f"--lr (or set --grad_clip if it is 0)")
 
 
 class RunClock:
@@ -819,16 +854,17 @@ def snapshot_attention(model, ds, rt, cfg, phase, step):
     m = maps[0][0].mean(0)                                           # (T, T) example 0
     factor = max(1, math.ceil(m.size(0) / 128))
     m = F.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
-    with open(os.path.join(cfg["out_dir"], "snapshots.jsonl"), "a") as f:
-        f.write(json.dumps(dict(phase=phase, step=step, mass=mass["layers"][0], widths=mass["widths"],
-                                uniform=mass["uniform"], map=np.round(m.numpy(), 4).tolist())) + "\n")
+    append_text(os.path.join(cfg["out_dir"], "snapshots.jsonl"), to_json(dict(
+        phase=phase, step=step, mass=mass["layers"][0], widths=mass["widths"], uniform=mass["uniform"],
+        map=np.round(m.numpy(), 4).tolist())) + "\n")
 
 
 # -----------------------------------------------------------------------------
 # The run: SPT, then finetuning, then the test accuracy and the figures
 
 PHASES = ("spt", "finetune")
-# Every file a run writes (RunFolder refuses a folder holding anything else).
+# The files a run writes besides training.RESULT_FILES (a folder written before run folders
+# had a manifest is taken over on resume only if it holds nothing else).
 RUN_FILES = ("spt_best.pt", "finetune_best.pt", "spt_epoch*.pt", "snapshots.jsonl", "curves.png",
              "attention_*.png", "proximity.png")
 
@@ -837,11 +873,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = get_config(argv)
     if cfg["report"]:
-        return analysis.report(cfg["report"])
+        return analysis.report(cfg["report"], cfg["out_dir"])
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = cfg["init_from"] == "resume"
     master = int(os.environ.get("RANK", 0)) == 0
-    with RunFolder(cfg["out_dir"], RUN_FILES, cfg["overwrite"], resume, master) as folder:
+    with RunFolder(cfg["out_dir"], "train_spt.py", RUN_FILES, cfg["overwrite"], resume, master) as folder:
         ckpt = None
         if resume:                                  # the folder given, the checkpoint's config
             ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
@@ -858,22 +894,30 @@ def main(argv=None):
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         folder.begin()                                                # every check passed: write
         log = RunLog(cfg["out_dir"], cfg, rt.master, keep=ckpt and written_before(ckpt),
-                     command=shlex.join(["python", "train_spt.py", *argv]))
+                     command=shlex.join(["python", "train_spt.py", *argv]), also=("snapshots.jsonl",))
         if ckpt:
             log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
         try:
             summary = run_phases(cfg, rt, data, model, log, ckpt)
         except KeyboardInterrupt:
             raise interrupted(os.path.join(cfg["out_dir"], "ckpt.pt")) from None
-        if rt.ddp:
-            dist.destroy_process_group()
+        close_ddp(rt)
         return summary
 
 
 def written_before(ckpt):
-    """The log records an interrupted run wrote up to its checkpoint (to keep on resume)."""
+    """The records (log.jsonl, snapshots.jsonl) an interrupted run wrote up to its
+    checkpoint, to keep on resume. A validation record at the checkpoint's step is kept
+    only if the checkpoint was saved after it (its epoch count includes that epoch):
+    otherwise the resumed run validates that epoch again."""
     at = (PHASES.index(ckpt["phase"]), ckpt["step"])
-    return lambda r: (PHASES.index(r["phase"]), r["step"]) <= at
+
+    def keep(r):
+        here = (PHASES.index(r["phase"]), r["step"])
+        if here == at and "val_loss" in r:
+            return r["epoch"] <= ckpt.get("epoch", r["epoch"])
+        return here <= at
+    return keep
 
 
 def load_splits(cfg, rt):
@@ -884,7 +928,19 @@ def load_splits(cfg, rt):
     data["pretrain"] = data["train"] if same else load_data(pre_task, "train", cfg)
     data["pretrain_val"] = data["val"] if same else load_data(pre_task, "val", cfg)
     check_data(cfg, rt, data)
+    record_fingerprint(cfg, data_fingerprint(example_bytes(ds) for ds in (data["train"], data["pretrain"])))
     return data
+
+
+def example_bytes(ds, n=256):
+    """The size of a dataset and the bytes of n examples spread over it: enough to tell
+    one training set from another (a resumed run compares them)."""
+    def flat(x):
+        if torch.is_tensor(x):
+            return x.numpy().tobytes()
+        return b"".join(flat(v) for v in x) if isinstance(x, (tuple, list)) else repr(x).encode()
+    picks = np.unique(np.linspace(0, len(ds) - 1, min(n, len(ds))).astype(int))
+    return str(len(ds)).encode() + b"".join(flat(ds[int(i)]) for i in picks)
 
 
 def run_phases(cfg, rt, data, model, log, ckpt):

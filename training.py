@@ -5,22 +5,30 @@ script shows only its own experiment (the command line is configurator.py's):
   setup_runtime  device, dtype, autocast and torchrun DDP (gloo on CPU, nccl on GPU)
   lr_at          warmup then cosine or linear decay
   checkpoints    atomic, finite-only writes; weights-only, checksummed reads
-  RunFolder      the out_dir: locked first, never silently reused, left as found if the run is refused
+  atomic_write   every file written by rename from a pid-named temp file, never through a link
+  to_json        strict JSON: NaN and inf as null
+  RunFolder      the out_dir: locked first, known by its manifest.json, never silently reused,
+                 left as found if the run is refused
   RunLog         config.json, log.jsonl and summary.json in out_dir
 """
 
 import errno
 import fcntl
 import fnmatch
+import gc
+import hashlib
 import json
 import math
 import os
 import shutil
+import stat
 import sys
+import time
 import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -54,12 +62,8 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
     in the environment), and seed every rank alike so replicas start identical."""
     env = lambda k, d: int(os.environ.get(k, d))
     ddp, rank, local_rank, world_size = env("RANK", -1) != -1, env("RANK", 0), env("LOCAL_RANK", 0), env("WORLD_SIZE", 1)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    device = check_device(device)
     kind = device.split(":")[0]
-    if kind not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device={device}; choose auto, cpu, cuda, cuda:N or mps")
-    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
-        raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
     if kind == "cuda" and ddp:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
@@ -97,6 +101,31 @@ def cpu_flags():
         return set()
 
 
+def check_device(device):
+    """The device --device=auto|cpu|cuda|cuda:N|mps names on this machine (auto: cuda if
+    present); one that is unknown or absent here is refused."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device={device}; choose auto, cpu, cuda, cuda:N or mps")
+    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
+        raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
+    return device
+
+
+def close_ddp(rt):
+    """End of a DDP run, on every rank after its last collective: wait for the other ranks
+    (a barrier: no rank tears down while another still talks to it), collect the
+    garbage (a DDP wrapper caught in a reference cycle holds the process group), then
+    destroy the process group. So no gloo thread outlives it into the interpreter's
+    exit, where a thread that reaches for the GIL is ended mid-stack and the process
+    aborts ("terminate called without an active exception"). Drop the DDP wrapper first."""
+    if rt.ddp:
+        dist.barrier()
+        gc.collect()
+        dist.destroy_process_group()
+
+
 # -----------------------------------------------------------------------------
 # Learning-rate schedule
 
@@ -122,24 +151,7 @@ def save_checkpoint(path, state):
     containers only (weights-only loading works). Non-finite weights are never written."""
     if not weights_finite(state.get("model", {})):
         raise FloatingPointError(f"not writing {path}: the weights hold NaN or inf")
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def atomic_write(path, write):
-    """write(tmp), then rename tmp to path; on failure the temp file is removed, and a full
-    disk (which torch.save reports as a RuntimeError) is an OSError(ENOSPC) naming the file."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or \
-                shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < 2**20:
-            raise OSError(errno.ENOSPC, f"no space left to write {path}; free some space, then continue "
-                                        f"with --init_from=resume") from None
-        raise
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def weights_finite(state_dict):
@@ -217,26 +229,288 @@ def grad_norm(parameters):
     return torch.stack(norms).norm() if norms else torch.zeros(())
 
 
+def data_fingerprint(pieces):
+    """16 hex digits of sha256 over byte strings: which data a run was trained on."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(len(piece).to_bytes(8, "little") + piece)
+    return h.hexdigest()[:16]
+
+
+def record_fingerprint(cfg, fingerprint):
+    """cfg["data_fingerprint"] = fingerprint. A resumed run's config already holds the
+    fingerprint of the data it was trained on, and other data is refused."""
+    if cfg.get("data_fingerprint", fingerprint) != fingerprint:
+        raise ValueError(f"the training data is not the data this run was trained on (fingerprint {fingerprint}, "
+                         f"the checkpoint's {cfg['data_fingerprint']}); resume with the same data, or start a new "
+                         f"run in another --out_dir")
+    cfg["data_fingerprint"] = fingerprint
+
+
 # -----------------------------------------------------------------------------
-# Run folders: locked first, never silently reused, one writer at a time
+# Writing files: never through a symbolic link, always by rename, as strict JSON
+
+TMP_PREFIX = ".sptflt-tmp"    # temp files: .sptflt-tmp.<pid>.<name>, so a writer's own, and a dead
+                              # writer's, are told from anything else by name and pid alone
+MANIFEST = "manifest.json"    # a folder this project writes into: which script, which run, which files
+HELD = {}                     # real path of a folder -> the Manifest of it this process holds
+
+
+def temp_path(path):
+    """The temp name a write to `path` goes through: beside it, with the prefix and this pid."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f"{TMP_PREFIX}.{os.getpid()}.{name[:120]}")
+
+
+def temp_owner(name):
+    """The pid in a temp file's name, or None for a name that is not one of ours."""
+    parts = name.split(".", 3)
+    if name.startswith(TMP_PREFIX + ".") and len(parts) == 4 and parts[2].isdigit():
+        return int(parts[2])
+    return None
+
+
+def refuse_link(path):
+    """A symbolic link at `path` is refused: writing through it would change the file it points to."""
+    if os.path.islink(path):
+        raise FileExistsError(f"{path} is a symbolic link; this project never writes through one: remove it "
+                              f"or choose another path")
+
+
+def open_nofollow(path, flags, mode="w"):
+    """os.open(path, flags | O_NOFOLLOW) as a file object; a link there is one line."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
+    return os.fdopen(fd, mode)
+
+
+def atomic_write(path, write, binary=True):
+    """write(f) on a new temp file beside `path` (created with O_EXCL | O_NOFOLLOW), then
+    rename it to `path`; a link at `path` is refused. On failure the temp file is removed,
+    and a full disk (which torch.save reports as a RuntimeError) is an OSError(ENOSPC)
+    naming the file. A file written into a folder this process holds joins its manifest."""
+    refuse_link(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder; give a file path")
+    held = HELD.get(os.path.realpath(os.path.dirname(os.path.abspath(path))))
+    if held is not None:
+        held.claim(os.path.basename(path))                 # listed before it exists: never unlisted
+    tmp = temp_path(path)
+    try:
+        if os.path.lexists(tmp):                           # this pid's own leftover
+            os.remove(tmp)
+        with open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb" if binary else "w") as f:
+            write(f)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or \
+                shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < 2**20:
+            raise OSError(errno.ENOSPC, f"no space left to write {path}; free some space, then continue "
+                                        f"with --init_from=resume") from None
+        raise
+
+
+def append_text(path, text):
+    """Add text to the end of a file (a log): created by atomic_write when absent, else
+    opened O_APPEND without following a link."""
+    if not os.path.lexists(path):
+        return write_text(path, text)
+    with open_nofollow(path, os.O_WRONLY | os.O_APPEND) as f:
+        f.write(text)
+
+
+def strict(obj):
+    """obj with every NaN or inf float replaced by None (JSON has no NaN), numpy
+    scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(obj, indent=None):
+    """Strict JSON text: NaN and inf are written as null."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False)
+
+
+def write_json(path, obj):
+    write_text(path, to_json(obj, indent=2))
+
+
+def write_text(path, text):
+    atomic_write(path, lambda f: f.write(text), binary=False)
+
+
+def read_jsonl(path):
+    """The records of a JSONL file. A last line cut short (the writer was killed
+    mid-write) is dropped with a warning; a bad line anywhere else names file and line."""
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}, line {i + 1}: not a JSON record; the file is damaged") from None
+            print(f"warning: {path}: dropped its last line, cut short ({line[:40]!r}...)", file=sys.stderr)
+    return records
+
+
+def read_log(out_dir):
+    """The records of a run's log.jsonl (read_jsonl)."""
+    return read_jsonl(os.path.join(out_dir, "log.jsonl"))
+
+
+def read_manifest(folder):
+    """A folder's manifest.json as a dict, or None when it has none (a link there,
+    or a file that is not a manifest, counts as none)."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open_nofollow(path, os.O_RDONLY, "r") as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(m, dict) and isinstance(m.get("script"), str) and isinstance(m.get("files"), list)
+    return m if ok else None
+
+
+def alive(pid, script=None):
+    """Whether process `pid` runs (and, when `script` is given and /proc says, runs that script)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return script is None or script.encode() in f.read()
+    except OSError:
+        return True
+
+
+def holds_lock(pid, folder, script):
+    """Whether process `pid` still writes into `folder`: it holds the folder's run.lock
+    open (deleted or not; /proc says), or, where /proc cannot tell, runs `script`."""
+    lock = os.path.join(os.path.realpath(folder), "run.lock")
+    try:
+        links = [os.readlink(os.path.join(f"/proc/{pid}/fd", fd)) for fd in os.listdir(f"/proc/{pid}/fd")]
+    except FileNotFoundError:
+        return False                                       # no such process
+    except OSError:
+        return alive(pid, script)
+    return any(link in (lock, lock + " (deleted)") for link in links)
+
+
+class Manifest:
+    """A folder's manifest.json: the script (or tool) that writes there, a run id, the
+    writer's pid and every file written there, listed before it exists. What a folder
+    holds is known from it, never from file names: clean-up removes only listed files."""
+
+    def __init__(self, folder, script, existing=None):
+        self.folder, self.path = folder, os.path.join(folder, MANIFEST)
+        self.data = existing or dict(script=script, run=f"{os.path.basename(os.path.abspath(folder))}-"
+                                     f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}", files=[])
+        self.data["pid"] = os.getpid()
+
+    def hold(self):
+        """Write it and note that this process writes into the folder now."""
+        write_json(self.path, self.data)
+        HELD[os.path.realpath(self.folder)] = self
+        return self
+
+    def release(self):
+        HELD.pop(os.path.realpath(self.folder), None)
+
+    def claim(self, name):
+        """List `name` before it is written; a file of that name that is not listed was
+        not written here by this script, and is refused."""
+        if name == MANIFEST or name in self.data["files"]:
+            return
+        if os.path.lexists(os.path.join(self.folder, name)):
+            raise FileExistsError(f"{os.path.join(self.folder, name)} exists and was not written by "
+                                  f"{self.data['script']}; move it, or write into another folder")
+        self.data["files"].append(name)
+        write_json(self.path, self.data)
+
+    def remove_files(self):
+        """Unlink every listed file (a link is removed, never followed)."""
+        for name in self.data["files"]:
+            path = os.path.join(self.folder, name)
+            if os.path.lexists(path) and not os.path.isdir(path) or os.path.islink(path):
+                os.remove(path)
+        self.data["files"] = []
+
+
+def remove_stale_temps(folder):
+    """Remove this process's temp files and those of writers that are dead."""
+    for name in os.listdir(folder):
+        pid = temp_owner(name)
+        if pid is not None and (pid == os.getpid() or not alive(pid)):
+            os.remove(os.path.join(folder, name))
+
+
+def foreign_files(folder, manifest):
+    """Files in `folder` that its manifest does not list (run.lock, the manifest and
+    our own temp files aside)."""
+    ours = set(manifest["files"]) | {MANIFEST} if manifest else set()
+    return [n for n in sorted(os.listdir(folder)) if n not in ours and n != "run.lock" and temp_owner(n) is None]
+
+
+def claim_outputs(folder, tool, names=()):
+    """A folder that is not a run folder (--report, --compare) before writing into it:
+    created if absent; refused if it holds a run, or a file of one of `names` that
+    `tool` did not write there (its manifest says; any other name is checked when it is
+    written). Returns the Manifest held; call release() when done."""
+    os.makedirs(folder, exist_ok=True)
+    m = read_manifest(folder)
+    if m is not None and m["script"] != tool or any(os.path.lexists(os.path.join(folder, f)) for f in RESULT_FILES):
+        raise FileExistsError(f"{folder} holds a run or another tool's output"
+                              f"{' (' + m['script'] + ')' if m else ''}; write into another folder")
+    listed = set(m["files"]) if m else set()
+    theirs = [n for n in names if os.path.lexists(os.path.join(folder, n)) and n not in listed]
+    if theirs:
+        raise FileExistsError(f"{folder} already holds {', '.join(theirs)}, not written by {tool}; move "
+                              f"{'them' if len(theirs) > 1 else 'it'} or write into another folder")
+    return Manifest(folder, tool, m).hold()
+
+
+# -----------------------------------------------------------------------------
+# Run folders: known by their manifest, locked first, never silently reused
 
 RESULT_FILES = ("config.json", "log.jsonl", "summary.json", "ckpt.pt")
-RUN_RECORDS = RESULT_FILES + ("command.txt",)         # what every run writes
 
 
 class RunFolder:
-    """The run's out_dir: `with RunFolder(out_dir, names, ...) as folder:`. On entry
-    (rank 0 only, before any data is read) it creates the folder if needed and takes its
-    lock, an flock on run.lock that the kernel drops when this process ends, however it
-    ends. Holding it, it removes temp files of earlier writers and checks the contents:
-    only files a run of this script writes (`names`, glob patterns) may be there, and a
-    run's results only with resume or overwrite. begin(), called once every check has
-    passed, removes the old run's files when overwriting. On exit the lock is released,
-    and a folder this run created and never wrote to is removed: a refused run leaves nothing."""
+    """The run's out_dir: `with RunFolder(out_dir, script, names, ...) as folder:`. On
+    entry (rank 0 only, before any data is read) it creates the folder if needed and
+    takes its lock, an flock on run.lock that the kernel drops when this process ends,
+    however it ends. Holding it, it accepts the folder only if it is empty or its
+    manifest.json names this script (and no live writer of it); files the manifest
+    does not list are never touched and refuse the folder. A run's results are
+    reused only with resume or overwrite. begin(), called once every check has passed,
+    writes the manifest, removes temp files of dead writers and, when overwriting, the
+    files the old run's manifest lists. On exit the lock is released, and a folder this
+    run created and never wrote to is removed: a refused run leaves nothing.
+    `names` (glob patterns) are the files a run of this script writes: a folder written
+    before runs had a manifest is taken over on resume if it holds only those."""
 
-    def __init__(self, out_dir, names, overwrite=False, resume=False, master=True):
-        self.dir, self.names, self.overwrite, self.resume = out_dir, RUN_RECORDS + tuple(names), overwrite, resume
-        self.master, self.created, self.lock = master, False, None
+    def __init__(self, out_dir, script, names=(), overwrite=False, resume=False, master=True):
+        self.dir, self.script, self.names = out_dir, script, RESULT_FILES + ("command.txt",) + tuple(names)
+        self.overwrite, self.resume, self.master, self.created, self.lock = overwrite, resume, master, False, None
+        self.manifest = None
 
     def __enter__(self):
         if not self.master:
@@ -247,7 +521,7 @@ class RunFolder:
         try:
             os.makedirs(self.dir, exist_ok=True)
             self._lock()
-            self._check_contents()
+            self.manifest = self._accept()
         except BlockingIOError:
             self.__exit__()
             raise FileExistsError(f"--out_dir={self.dir} is in use by another run ({lock_owner(self.dir)}); "
@@ -261,17 +535,20 @@ class RunFolder:
         return self
 
     def _lock(self):
-        """flock run.lock (BlockingIOError if another process holds it); retry if the file
-        was replaced meanwhile by another run's. Only a held lock is ever removed."""
+        """flock run.lock (opened without following a link; BlockingIOError if another
+        process holds it); retry if the file was replaced meanwhile by another run's."""
         path = os.path.join(self.dir, "run.lock")
         while True:
-            f = open(path, "a+")
+            f = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, "r+")
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                f.close()
+                raise FileExistsError(f"{path} is not a regular file; remove it or choose another --out_dir")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.close()
                 raise
-            if os.path.exists(path) and os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+            if os.path.exists(path) and os.path.samestat(os.fstat(f.fileno()), os.lstat(path)):
                 break
             f.close()
         self.lock = f
@@ -279,39 +556,68 @@ class RunFolder:
         f.write(str(os.getpid()))
         f.flush()
 
-    def _check_contents(self):
-        present = [n for n in sorted(os.listdir(self.dir)) if n != "run.lock"]
-        for n in [n for n in present if fnmatch.fnmatch(n, "*.tmp.*")]:     # no writer holds them now
-            os.remove(os.path.join(self.dir, n))
-            present.remove(n)
-        foreign = [n for n in present if not any(fnmatch.fnmatch(n, p) for p in self.names)]
+    def _accept(self):
+        """The folder's manifest (a new one for an empty folder) once the folder is
+        known to be this script's run folder, free, and of the state this call asks for."""
+        m = read_manifest(self.dir)
+        if m is None:
+            m = self._new_or_legacy()
+        elif m["script"] != self.script:
+            raise FileExistsError(f"--out_dir={self.dir} holds a run of another script ({m['script']}); use that "
+                                  f"script, or choose another --out_dir")
+        elif m.get("pid") not in (None, os.getpid()) and holds_lock(m["pid"], self.dir, self.script):
+            raise FileExistsError(f"--out_dir={self.dir} is in use by another run (pid {m['pid']}, whose run.lock "
+                                  f"is gone); wait for it or choose another --out_dir")
+        foreign = foreign_files(self.dir, m)
         if foreign:
             names = f"{', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}"
-            if "config.json" in present and "log.jsonl" in present:
-                raise FileExistsError(f"--out_dir={self.dir} holds a run of another script ({names} are not "
-                                      f"this script's files); use that script, or choose another --out_dir")
-            raise FileExistsError(f"--out_dir={self.dir} holds files that no run of this script writes ({names}); "
-                                  f"choose an empty or new --out_dir")
-        found = [f for f in RESULT_FILES if f in present]
+            raise FileExistsError(f"--out_dir={self.dir} holds files its run did not write ({names}); move them, "
+                                  f"or choose an empty or new --out_dir")
+        found = [f for f in RESULT_FILES if m and f in m["files"] and os.path.lexists(os.path.join(self.dir, f))]
         if self.resume and "ckpt.pt" not in found:
             raise FileNotFoundError(f"--init_from=resume but {os.path.join(self.dir, 'ckpt.pt')} does not exist; "
                                     f"give the folder of the run to continue with --out_dir")
         if found and not self.resume and not self.overwrite:
             raise FileExistsError(f"--out_dir={self.dir} already holds a run ({', '.join(found)}); choose another "
                                   f"--out_dir, continue it with --init_from=resume, or replace it with --overwrite=True")
+        return m
+
+    def _new_or_legacy(self):
+        """No manifest: an empty folder starts a new run; a run written before manifests
+        existed (only this script's file names, and a checkpoint) is taken over on resume."""
+        present = foreign_files(self.dir, None)
+        legacy = self.resume and "ckpt.pt" in present and all(
+            any(fnmatch.fnmatch(n, p) for p in self.names) and os.path.isfile(os.path.join(self.dir, n))
+            and not os.path.islink(os.path.join(self.dir, n)) for n in present)
+        if present and not legacy:
+            names = f"{', '.join(present[:4])}{', ...' if len(present) > 4 else ''}"
+            raise FileExistsError(f"--out_dir={self.dir} holds files ({names}) but no {MANIFEST}, so it is not a "
+                                  f"run folder of this project; choose an empty or new --out_dir")
+        return dict(script=self.script, run=None, files=present) if legacy else None
 
     def begin(self):
-        """Every check passed: with overwrite, remove the earlier run's files now."""
-        if self.master and self.overwrite and not self.resume:
-            for n in os.listdir(self.dir):
-                if any(fnmatch.fnmatch(n, p) for p in self.names):
-                    os.remove(os.path.join(self.dir, n))
+        """Every check passed: write the manifest, remove dead writers' temp files and,
+        with overwrite, the files the earlier run's manifest lists."""
+        if self.master:
+            old = self.manifest
+            if old is not None and old.get("run") is None:                  # a legacy run taken over
+                old["run"] = f"{os.path.basename(os.path.abspath(self.dir))}-legacy"
+            fresh = old is None or (self.overwrite and not self.resume)
+            self.manifest = Manifest(self.dir, self.script, None if fresh else old)
+            if old is not None and fresh:
+                Manifest(self.dir, self.script, old).remove_files()
+            self.manifest.hold()
+            remove_stale_temps(self.dir)
         self.created = False                               # from here on the folder is the run's
         return self
 
     def __exit__(self, *exc):
+        if isinstance(self.manifest, Manifest):
+            self.manifest.release()
         if self.lock is not None:
-            os.remove(os.path.join(self.dir, "run.lock"))
+            path = os.path.join(self.dir, "run.lock")
+            if os.path.lexists(path) and os.path.samestat(os.fstat(self.lock.fileno()), os.lstat(path)):
+                os.remove(path)                            # only the lock this process holds
             self.lock.close()                              # closing drops the flock
             self.lock = None
         if self.created and os.path.isdir(self.dir) and not os.listdir(self.dir):
@@ -321,8 +627,8 @@ class RunFolder:
 def lock_owner(out_dir):
     """'pid N' from a folder's run.lock, for the message that it is in use."""
     try:
-        with open(os.path.join(out_dir, "run.lock")) as f:
-            return f"pid {int(f.read())}"
+        with open_nofollow(os.path.join(out_dir, "run.lock"), os.O_RDONLY | os.O_NONBLOCK, "r") as f:
+            return f"pid {int(f.read(32))}"
     except (OSError, ValueError):
         return "pid unknown"
 
@@ -334,54 +640,31 @@ class RunLog:
     """Writes only on the master rank. log.jsonl gets one JSON object per call of log().
     When resuming, the records written before the checkpoint are kept and new ones
     appended: resume_step=N keeps those with step <= N, or keep=f those with f(record)
-    true; otherwise the log starts anew. command.txt gets the command line that made
+    true; otherwise the log starts anew. The files in `also` (other JSONL records of
+    the run) are cut back the same way. command.txt gets the command line that made
     the run (one more line per resume). Create it only after RunFolder.begin()."""
 
-    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None, command=None):
+    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None, command=None, also=()):
         self.path, self.master = os.path.join(out_dir, "log.jsonl"), master
         if resume_step is not None:
             keep = lambda r: r.get("step", 0) <= resume_step
-        if master and command is not None:
-            with open(os.path.join(out_dir, "command.txt"), "a" if keep else "w") as f:
-                f.write(command + "\n")
-        if master:
-            write_json(os.path.join(out_dir, "config.json"), config)
-            kept = [r for r in read_log(out_dir) if keep(r)] if keep and os.path.exists(self.path) else []
-            write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        if not master:
+            return
+        if command is not None:
+            path = os.path.join(out_dir, "command.txt")
+            earlier = open(path).read() if keep and os.path.isfile(path) else ""
+            write_text(path, earlier + command + "\n")
+        write_json(os.path.join(out_dir, "config.json"), config)
+        for name in ("log.jsonl", *also):
+            path = os.path.join(out_dir, name)
+            if name == "log.jsonl" or os.path.lexists(path):
+                kept = [r for r in read_jsonl(path) if keep(r)] if keep and os.path.exists(path) else []
+                write_text(path, "".join(to_json(r) + "\n" for r in kept))
 
     def log(self, **record):
         if self.master:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_text(self.path, to_json(record) + "\n")
 
     def summary(self, summary):
         if self.master:
             write_json(os.path.join(os.path.dirname(self.path), "summary.json"), summary)
-
-
-def write_json(path, obj):
-    write_text(path, json.dumps(obj, indent=2))
-
-
-def write_text(path, text):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-    atomic_write(path, write)
-
-
-def read_log(out_dir):
-    """The records of a run's log.jsonl. A last line cut short (the run was killed
-    mid-write) is dropped with a warning; a bad line anywhere else names file and line."""
-    path = os.path.join(out_dir, "log.jsonl")
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise ValueError(f"{path}, line {i + 1}: not a JSON record; the log is damaged") from None
-            print(f"warning: {path}: dropped its last line, cut short ({line[:40]!r}...)", file=sys.stderr)
-    return records

@@ -10,6 +10,7 @@ result is expected) | data-loss (an earlier run's files changed) | hang (timed o
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -166,6 +167,7 @@ def main():
     sleeper.kill()
     results["flt second writer while one is live"] = classify(rc, o, changed=fp("flt_lock") != before)
     round_two(results, work, flt)
+    round_three(results, work, flt)
     json.dump(results, open(RESULTS, "w"), indent=1)
     counts = {}
     for v in results.values():
@@ -351,6 +353,213 @@ def round_two(results, work, flt):
     results["2 flt listops --block_size=8 refused quickly"] = classify(rc, o, wrong=slow)
     rc, o, slow = timed("train_spt.py", SPT + ["--pretrain_task=listops", "--data_dir=pt_lo", "--out_dir=ptl"], work, 20)
     results["2 spt --pretrain_task=listops refused quickly"] = classify(rc, o, wrong=slow or os.path.exists("pt_lo"))
+
+
+def same_text(path, text):
+    """Whether the file at `path` still holds `text` (False when it is gone or changed)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read() == text.encode()
+    except OSError:
+        return False
+
+
+def same_weights(a, b):
+    """Whether two checkpoints hold bit-identical weights (False when either is missing)."""
+    try:
+        a, b = (torch.load(p, weights_only=True)["model"] for p in (a, b))
+    except (OSError, RuntimeError):
+        return False
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def strict_json_ok(folder):
+    """Every .json and .jsonl file in `folder` parses with a reader that refuses NaN."""
+    def refuse(constant):
+        raise ValueError(constant)
+    try:
+        for name in os.listdir(folder):
+            if name.endswith((".json", ".jsonl")):
+                for line in open(os.path.join(folder, name)).read().splitlines() if name.endswith("l") else \
+                        [open(os.path.join(folder, name)).read()]:
+                    if line.strip():
+                        json.loads(line, parse_constant=refuse)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def round_three(results, work, flt):
+    """The third hostile audit's families: security, data loss, silently wrong, hangs,
+    tracebacks, unclear messages, checks made too late."""
+    spt_r = ["--task=synthetic"]
+    # security: a link at a file the run writes is never written through
+    open("victim.txt", "w").write("the user's")
+    for name, script, args in (("run.lock", "train_spt.py", SPT), ("command.txt", "train_flt.py", flt)):
+        d = "ln_" + name.replace(".", "_")
+        os.makedirs(d, exist_ok=True)
+        os.symlink(os.path.abspath("victim.txt"), os.path.join(d, name))
+        rc, o = run(script, args + [f"--out_dir={d}"], work)
+        results[f"3 security: a link at {name}"] = classify(rc, o, changed=not same_text("victim.txt", "the user's"))
+    # data loss: files the run does not own
+    os.makedirs("u", exist_ok=True)
+    open("u/thesis.tmp.docx", "w").write("the user's")
+    rc, o = run("train_spt.py", SPT + ["--out_dir=u"], work)
+    results["3 a user's *.tmp.* file in out_dir"] = classify(rc, o, changed=not os.path.exists("u/thesis.tmp.docx"))
+    os.makedirs("figs", exist_ok=True)
+    for name in ("curves.png", "proximity.png"):
+        open(os.path.join("figs", name), "w").write("the user's")
+    before = fp("figs")
+    rc, o = run("train_spt.py", SPT + ["--out_dir=figs"], work)
+    results["3 a folder of user files named like ours"] = classify(rc, o, changed=fp("figs") != before)
+    run("train_spt.py", SPT + ["--out_dir=own"], work)
+    for name in ("attention_for_paper.png", "spt_epoch_final_keep.pt"):
+        open(os.path.join("own", name), "w").write("the user's")
+    before = fp("own")
+    rc, o = run("train_spt.py", SPT + ["--out_dir=own", "--overwrite=True"], work)
+    results["3 --overwrite beside user files matching the run's names"] = classify(rc, o, changed=fp("own") != before)
+    live = subprocess.Popen([sys.executable, os.path.join(REPO, "train_spt.py"), *SPT, "--epochs=200", "--out_dir=lv"],
+                            cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    while not os.path.exists("lv/log.jsonl") and live.poll() is None:
+        time.sleep(0.2)
+    if os.path.exists("lv/run.lock"):
+        os.remove("lv/run.lock")
+    rc, o = run("train_spt.py", SPT + ["--out_dir=lv", "--overwrite=True"], work)
+    alive = live.poll() is None
+    live.kill()
+    live.wait()
+    results["3 --overwrite on a live run whose run.lock was deleted"] = classify(
+        rc, o, changed=not alive or "in use by another run" not in o)
+    os.makedirs("results", exist_ok=True)
+    shutil.copytree("spt_done", "results/run")
+    open("results/report.md", "w").write("the user's")
+    rc, o = run("train_spt.py", ["--report=results"], work)
+    results["3 --report over a folder holding the user's report.md"] = classify(
+        rc, o, changed=not same_text("results/report.md", "the user's"))
+    shutil.copytree("spt_done", "parent/myrun")
+    rc, o = run("train_spt.py", ["--report=parent/myrun"], work)
+    results["3 --report on one run writes nothing into its parent"] = classify(
+        rc, o, expect_error=False, changed=os.listdir("parent") != ["myrun"])
+    open("mine.json", "w").write("{}")
+    rc, o = run("bench.py", ["--only=data", "--quick", "--out=mine.json"], work)
+    results["3 bench.py --out over a file it did not write"] = classify(rc, o, changed=not same_text("mine.json", "{}"))
+    os.makedirs("cmpfig", exist_ok=True)
+    open("cmpfig/flt_loss.png", "w").write("the user's")
+    rc, o = run("train_flt.py", ["--compare=cmp_a", "--out_dir=cmpfig"], work)
+    results["3 --compare over a user's figure"] = classify(
+        rc, o, changed=not same_text("cmpfig/flt_loss.png", "the user's"))
+    round_three_resume(results, work, flt)
+    round_three_bounds(results, work, flt, spt_r)
+
+
+def round_three_resume(results, work, flt):
+    """Resume rewinds everything to the checkpoint."""
+    flags = SPT + ["--dropout=0.1", "--batch_size=16", "--pretrain_epochs=2", "--epochs=2", "--snapshot_attn_every=2"]
+    run("train_spt.py", flags + ["--out_dir=dw"], work)
+    run("train_spt.py", flags + ["--out_dir=dc", "--ckpt_every=3", "--halt_after_steps=5"], work)
+    for _ in range(2):
+        run("train_spt.py", ["--task=synthetic", "--out_dir=dc", "--init_from=resume", "--halt_after_steps=5"], work)
+    rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=dc", "--init_from=resume"], work)
+    results["3 dropout 0.1, three halts: bit-exact weights"] = classify(
+        rc, o, expect_error=False, wrong=not same_weights("dw/ckpt.pt", "dc/ckpt.pt"))
+    snaps = lambda d: [(r["phase"], r["step"]) for r in (json.loads(x) for x in open(f"{d}/snapshots.jsonl")
+                                                         if x.strip())] if os.path.exists(f"{d}/snapshots.jsonl") else None
+    results["3 snapshots.jsonl trimmed on resume"] = classify(rc, o, expect_error=False, wrong=snaps("dc") != snaps("dw"))
+    s = json.load(open("dc/summary.json")) if os.path.exists("dc/summary.json") else {}
+    results["3 a resumed run keeps its init_from"] = classify(rc, o, expect_error=False, wrong=s.get("init_from") != "")
+    patch = ("real = s.save_resume_point; calls = []; "
+             "s.save_resume_point = lambda *a: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(*a))")
+    inproc("train_spt", SPT + ["--out_dir=kv", "--ckpt_every=4"], patch)
+    rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=kv", "--init_from=resume"], work)
+    vals = [r for r in map(json.loads, open("kv/log.jsonl")) if "val_loss" in r] if os.path.exists("kv/log.jsonl") else []
+    results["3 a kill between the val record and ckpt.pt"] = classify(rc, o, expect_error=False, wrong=len(vals) != 2)
+    shutil.copy(flt[-1].split("=", 1)[1], "data2.txt")
+    fl2 = flt[:-1] + ["--data=data2.txt"]
+    run("train_flt.py", fl2 + ["--out_dir=fd", "--stop_step=2"], work)
+    open("data2.txt", "a").write(" replaced")
+    rc, o = run("train_flt.py", fl2 + ["--out_dir=fd", "--init_from=resume"], work)
+    results["3 flt resume on a replaced --data file"] = classify(rc, o)
+    run("train_spt.py", SPT + ["--pretrain_epochs=0", "--init_from=spt_done/spt_best.pt", "--epochs=2",
+                               "--out_dir=ft", "--halt_after_steps=5", "--ckpt_every=1"], work)
+    rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=ft", "--init_from=resume"], work)
+    cfg = json.load(open("ft/config.json")) if os.path.exists("ft/config.json") else {}
+    results["3 a run finetuned from --init_from=CKPT resumes"] = classify(
+        rc, o, expect_error=False, wrong=rc != 0 or cfg.get("init_from") != "spt_done/spt_best.pt")
+    run("train_spt.py", SPT + ["--out_dir=cs", "--snapshot_attn_every=2", "--halt_after_steps=5", "--ckpt_every=1"], work)
+    open("cs/snapshots.jsonl", "a").write('{"phase": "spt", "st')
+    rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=cs", "--init_from=resume"], work)
+    results["3 a cut last line in snapshots.jsonl"] = classify(rc, o, expect_error=False, wrong=rc != 0)
+    results["3 strict JSON in every file of a run"] = "ok" if all(
+        strict_json_ok(d) for d in ("flt_done", "spt_done", "dc")) else "silent"
+
+
+def round_three_bounds(results, work, flt, spt_r):
+    """Numbers, sizes and paths bounded before any work; readers of their own runs only."""
+    flt_lo = [f for f in FLT if not f.startswith("--eval_batches")]
+    for name, script, args in (
+            ("flt --evaluate --test_loops=100000000", "train_flt.py", ["--evaluate=flt_done", "--test_loops=100000000"]),
+            ("data_lra.py listops --n=10**12", "data_lra.py", ["--task=listops", "--generate", "--n=1000000000000"]),
+            ("spt listops --n_generate=10**12", "train_spt.py", ["--task=listops", "--n_generate=1000000000000",
+                                                                 "--out_dir=ng"]),
+            ("flt listops of depth 1, 10**6 examples", "train_flt.py", flt_lo + [
+                "--data=listops", "--listops_depth=1", "--listops_examples=1000000", "--out_dir=l1"])):
+        rc, o, slow = timed(script, args, work, 60)
+        results[f"3 hang: {name}"] = classify(rc, o, wrong=slow or not one_line_error(rc, o))
+    cases = [("spt --lr=<401 digits>", "train_spt.py", SPT + ["--lr=" + "9" * 401, "--out_dir=b1"]),
+             ("spt --n_embd=<401 digits>", "train_spt.py", SPT + ["--n_embd=" + "9" * 401, "--out_dir=b2"]),
+             ("spt --epochs=<401 digits>", "train_spt.py", SPT + ["--epochs=" + "9" * 401, "--out_dir=b3"]),
+             ("out_dir component of 300 bytes", "train_spt.py", SPT + ["--out_dir=" + "x" * 300]),
+             ("flt --evaluate --test_loops=-5", "train_flt.py", ["--evaluate=flt_done", "--test_loops=-5"]),
+             ("bench.py --threads=-1", "bench.py", ["--threads=-1", "--out=b.json"]),
+             ("bench.py --peak_flops=-5", "bench.py", ["--peak_flops=-5", "--out=b.json"]),
+             ("bench.py --reps=-3", "bench.py", ["--reps=-3", "--out=b.json"]),
+             ("data_lra.py pathfinder --n=10**12", "data_lra.py", ["--task=pathfinder", "--generate",
+                                                                   "--n=1000000000000"]),
+             ("flt --evaluate on an SPT run", "train_flt.py", ["--evaluate=spt_done"]),
+             ("flt --compare on an SPT run", "train_flt.py", ["--compare=spt_done", "--out_dir=c_spt"]),
+             ("spt --init_from of another width", "train_spt.py", SPT + [
+                 "--pretrain_epochs=0", "--init_from=spt_done/spt_best.pt", "--n_embd=32", "--out_dir=w32"]),
+             ("spt --init_from an FLT checkpoint", "train_spt.py", SPT + [
+                 "--pretrain_epochs=0", "--init_from=flt_done/ckpt.pt", "--out_dir=wflt"])]
+    if not torch.cuda.is_available():
+        cases.append(("bench.py --device=cuda without CUDA", "bench.py", ["--device=cuda", "--out=b.json"]))
+    os.symlink("sl", "sl") if not os.path.lexists("sl") else None
+    cases.append(("--data_dir that links to itself", "train_spt.py", [
+        "--task=listops", "--n_generate=100", "--data_dir=sl", "--out_dir=sl_run"]))
+    for name, script, args in cases:
+        rc, o = run(script, args, work)
+        wrote = any(os.path.exists(d) for d in ("b1", "b2", "b3", "w32", "wflt", "sl_run"))
+        results[f"3 {name}"] = classify(rc, o, wrong=not one_line_error(rc, o) or wrote)
+    class Claim:
+        def __reduce__(self):
+            return (np.ndarray, ((1000000, 3072), np.dtype("u1")))
+    os.makedirs("cif/cifar-10-batches-py", exist_ok=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(os.path.join("cif/cifar-10-batches-py", name), "wb") as f:
+            pickle.dump({b"data": Claim(), b"labels": [0]}, f, protocol=2)
+    rc, o = run("data_lra.py", ["--task=image", "--data_dir=cif"], work)
+    results["3 a CIFAR pickle claiming 2.9 GB"] = classify(rc, o, wrong="refusing an array" not in o)
+    os.makedirs("tree", exist_ok=True)
+    shutil.copytree("spt_done", "tree/spt")
+    shutil.copytree("flt_done", "tree/flt")
+    rc, o = run("train_spt.py", ["--report=tree"], work)
+    results["3 --report over a tree holding an FLT run"] = classify(rc, o, expect_error=False, wrong=rc != 0)
+    run("train_flt.py", flt + ["--out_dir=first", "--stop_step=1"], work)
+    open("first/log.jsonl", "w").close()
+    rc, o = run("train_flt.py", ["--compare=first", "--out_dir=c_first"], work)
+    results["3 --compare on a run in its first step"] = classify(rc, o, expect_error=False)
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, "data_lra.py"), "--task=listops", "--generate",
+                          "--n=200000", "--data_dir=cc_data"], cwd=work, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    while "generating" not in p.stdout.readline() and p.poll() is None:     # its imports done, generating
+        pass
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    o = p.communicate(timeout=120)[0]
+    results["3 Ctrl-C during data_lra.py --generate"] = "traceback" if "Traceback" in o else \
+        "ok" if p.returncode == 130 else "silent"
 
 
 main()

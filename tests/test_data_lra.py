@@ -603,3 +603,13 @@ def test_sample_grid_is_written(tmp_path):
     import matplotlib.image
     img = matplotlib.image.imread(path)
     assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_an_empty_release_and_empty_listops_rows_are_named(tmp_path):
+    folder = write_release(tmp_path, [(5, 0, b"")])
+    with pytest.raises(ValueError, match="lists no readable images"):
+        D.read_pathfinder_release(str(folder), progress=False)
+    path = tmp_path / "basic_train.tsv"
+    path.write_text("Source\tTarget\n( )\t3\n")
+    with pytest.raises(ValueError, match=r"basic_train\.tsv, line 2: an expression with no tokens"):
+        D.read_listops_tsv(str(path))

@@ -9,6 +9,7 @@ what a user really gets."""
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -43,7 +44,7 @@ def cli(script, *argv):
 def fingerprint(folder):
     """Name -> sha256 of every file in a folder: to show that nothing was changed."""
     return {n: hashlib.sha256(open(os.path.join(folder, n), "rb").read()).hexdigest()
-            for n in sorted(os.listdir(folder))}
+            for n in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, n))}
 
 
 @pytest.fixture
@@ -165,7 +166,7 @@ def test_resume_needs_its_own_script_and_its_log(tmp_path, text_file, finished_s
     out = tmp_path / "flt"
     assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={out}", "--stop_step=2")[0] == 0
     status, message = cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")
-    assert status == 1 and "was not written by train_spt.py" in message          # no figures yet: the checkpoint says
+    assert status == 1 and "holds a run of another script (train_flt.py)" in message     # its manifest says
     os.remove(out / "log.jsonl")
     status, message = cli(train_flt, f"--data={text_file}", f"--out_dir={out}", "--init_from=resume")
     assert status == 1 and "log.jsonl is gone" in message
@@ -206,18 +207,27 @@ def test_overwrite_never_touches_a_folder_that_is_not_a_run(tmp_path):
         (mine / name).write_text("the user's")
     before = fingerprint(mine)
     status, message = cli(train_spt, *SPT, f"--out_dir={mine}", "--overwrite=True")
-    assert status == 1 and "holds files that no run of this script writes" in message
+    assert status == 1 and "not a run folder of this project" in message
     assert fingerprint(mine) == before
 
 
-def test_a_refused_run_leaves_no_folder_and_an_old_temp_file_is_cleared(tmp_path):
+def test_a_refused_run_leaves_no_folder_and_a_dead_writers_temp_file_is_cleared(tmp_path):
     out = tmp_path / "run"
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--n_train=10")[0] == 1   # refused after the lock
     assert not out.exists()
     out.mkdir()
-    (out / "ckpt.pt.tmp.99999999").write_bytes(b"half a checkpoint")      # left by a killed writer
+    (out / f"{training.TMP_PREFIX}.99999999.ckpt.pt").write_bytes(b"half a checkpoint")   # a killed writer's
     assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
-    assert not [n for n in os.listdir(out) if ".tmp." in n]
+    assert not [n for n in os.listdir(out) if n.startswith(training.TMP_PREFIX)]
+
+
+def test_a_users_file_named_like_a_temp_file_is_never_removed(tmp_path):
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / "thesis.tmp.docx").write_text("the user's")
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}")
+    assert status == 1 and "thesis.tmp.docx" in message and "not a run folder" in message
+    assert os.listdir(out) == ["thesis.tmp.docx"]
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
@@ -227,7 +237,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
     monkeypatch.setattr(training.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
     assert status == 1 and "no space left to write" in message
-    assert not [n for n in os.listdir(tmp_path / "o") if ".tmp." in n]
+    assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(training.TMP_PREFIX)]
 
 
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
@@ -426,3 +436,261 @@ def test_stdlib_cache_is_verified_and_rebuilt(tmp_path):
     (cache / "train.bin").write_bytes(bytes(train[:50]))        # truncated by hand
     train2, val2 = corpora.prepare_stdlib(str(cache), root=str(root))
     assert np.array_equal(train2, train) and np.array_equal(val2, val)
+
+
+# -----------------------------------------------------------------------------
+# Files the run does not own: never written through a link, never removed by name
+
+def test_a_link_in_the_run_folder_is_never_written_through(tmp_path, text_file):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    for name, script, flags in (("run.lock", train_spt, SPT), ("command.txt", train_flt, [*FLT, f"--data={text_file}"])):
+        out = tmp_path / name.replace(".", "_")
+        out.mkdir()
+        os.symlink(victim, out / name)
+        status, message = cli(script, *flags, f"--out_dir={out}")
+        assert status == 1 and name in message
+        assert victim.read_text() == "the user's" and os.path.islink(out / name)
+
+
+def test_atomic_write_refuses_a_link_and_names_its_temp_file_by_pid(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    os.symlink(victim, tmp_path / "out.json")
+    with pytest.raises(FileExistsError, match="symbolic link"):
+        training.write_json(str(tmp_path / "out.json"), {"a": 1})
+    assert victim.read_text() == "the user's"
+    assert os.path.basename(training.temp_path("d/x.pt")) == f"{training.TMP_PREFIX}.{os.getpid()}.x.pt"
+
+
+def test_a_folder_of_user_files_named_like_ours_is_not_a_run(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("curves.png", "proximity.png"):
+        (mine / name).write_text("the user's")
+    before = fingerprint(mine)
+    for flags in ([], ["--overwrite=True"]):
+        status, message = cli(train_spt, *SPT, f"--out_dir={mine}", *flags)
+        assert status == 1 and "not a run folder" in message
+    assert fingerprint(mine) == before
+
+
+def test_overwrite_removes_only_the_files_the_run_listed(finished_spt, tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
+    (out / "attention_for_paper.png").write_text("the user's")
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")
+    assert status == 1 and "attention_for_paper.png" in message
+    os.rename(out / "attention_for_paper.png", tmp_path / "kept.png")
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")[0] == 0
+    manifest = json.load(open(out / training.MANIFEST))
+    assert manifest["script"] == "train_spt.py" and set(manifest["files"]) == set(os.listdir(out)) - {
+        training.MANIFEST}
+
+
+def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
+    out = tmp_path / "run"
+    assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
+    holder = "import sys, time; f = open(sys.argv[1], 'a'); print('held', flush=True); time.sleep(60)"
+    live = subprocess.Popen([sys.executable, "-c", holder, str(out / "run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout.readline().strip() == "held"
+        os.remove(out / "run.lock")                                # someone deleted the live run's lock
+        manifest = json.load(open(out / training.MANIFEST))
+        training.write_json(str(out / training.MANIFEST), dict(manifest, pid=live.pid))
+        before = fingerprint(out)
+        status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")
+        assert status == 1 and f"in use by another run (pid {live.pid}" in message
+        assert fingerprint(out) == before
+    finally:
+        live.kill()
+        live.wait()
+
+
+# -----------------------------------------------------------------------------
+# Outputs that are not run folders replace only what they wrote
+
+def test_report_never_replaces_a_file_it_did_not_write(finished_spt, tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copytree(finished_spt, results / "run")
+    os.symlink(results / "run", results / "again")                    # a link: not followed, not counted twice
+    (results / "report.md").write_text("the user's")
+    status, message = cli(train_spt, f"--report={results}")
+    assert status == 1 and "report.md" in message and (results / "report.md").read_text() == "the user's"
+    os.remove(results / "report.md")
+    assert cli(train_spt, f"--report={results}")[0] == 0
+    assert (results / "report.md").read_text().count("| " + str(results / "run") + " |") == 1
+    assert cli(train_spt, f"--report={results}")[0] == 0                 # its own report: replaced
+    monkeypatch.chdir(tmp_path)
+    parent = fingerprint(finished_spt.parent)
+    assert cli(train_spt, f"--report={finished_spt}")[0] == 0           # a single run: not its parent
+    assert fingerprint(finished_spt.parent) == parent
+    assert (tmp_path / "out" / "spt_report" / "report.md").exists()
+
+
+def test_compare_and_bench_never_replace_a_file_they_did_not_write(tmp_path, text_file):
+    import bench
+    run = tmp_path / "a"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={run}")[0] == 0
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "flt_loss.png").write_text("the user's")
+    status, message = cli(train_flt, f"--compare={run}", f"--out_dir={figures}")
+    assert status == 1 and "flt_loss.png" in message and (figures / "flt_loss.png").read_text() == "the user's"
+    (tmp_path / "mine.json").write_text("{}")
+    status, message = cli(bench, "--only=data", "--quick=True", f"--out={tmp_path}/mine.json")
+    assert status == 1 and "not written by bench.py" in message and (tmp_path / "mine.json").read_text() == "{}"
+    for flag in ("--threads=-1", "--peak_flops=-5", "--reps=-3"):
+        assert cli(bench, flag, f"--out={tmp_path}/b.json")[0] == 1
+    if not torch.cuda.is_available():
+        assert "no cuda device" in cli(bench, "--device=cuda", f"--out={tmp_path}/b.json")[1]
+
+
+# -----------------------------------------------------------------------------
+# Strict JSON: what a strict reader (JSON.parse) accepts
+
+def strict_load(text):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_file_a_tiny_run_writes_is_strict_json(tmp_path, text_file):
+    spt, flt = tmp_path / "spt", tmp_path / "flt"
+    assert cli(train_spt, *SPT, f"--out_dir={spt}", "--snapshot_attn_every=2")[0] == 0
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}")[0] == 0      # osc_steps=3: NaN statistics
+    assert json.load(open(flt / "summary.json"))["grad_dlog_ac1"] is None
+    checked = 0
+    for folder in (spt, flt):
+        for name in os.listdir(folder):
+            text = (folder / name).read_text() if name.endswith((".json", ".jsonl")) else None
+            if text is not None:
+                lines = text.splitlines() if name.endswith(".jsonl") else [text]
+                [strict_load(line) for line in lines if line.strip()]
+                checked += 1
+    assert checked == 9       # config, log, summary, manifest of each; snapshots of the SPT run
+
+
+# -----------------------------------------------------------------------------
+# Resume rewinds everything to the checkpoint
+
+def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snapshots(tmp_path):
+    flags = [*SPT, "--dropout=0.1", "--batch_size=16", "--pretrain_epochs=2", "--epochs=2", "--snapshot_attn_every=2"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert cli(train_spt, *flags, f"--out_dir={whole}")[0] == 0
+    assert cli(train_spt, *flags, f"--out_dir={cut}", "--ckpt_every=3", "--halt_after_steps=5")[0] == 1
+    for _ in range(2):
+        assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume",
+                   "--halt_after_steps=5")[0] == 1
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume")[0] == 0
+    a, b = load_checkpoint(whole / "ckpt.pt")["model"], load_checkpoint(cut / "ckpt.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)                        # bit-exact
+    strip = lambda recs: [r for r in recs if r.get("event") != "resume"]
+    assert strip(read_log(cut)) == strip(read_log(whole))                 # no record twice, none lost
+    snaps = lambda d: [(s["phase"], s["step"]) for s in training.read_jsonl(d / "snapshots.jsonl")]
+    assert snaps(cut) == snaps(whole)
+    summary = json.load(open(cut / "summary.json"))
+    assert summary["init_from"] == json.load(open(whole / "summary.json"))["init_from"] == ""
+
+
+def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real = train_spt.save_resume_point
+    calls = []
+
+    def killed_at_the_epoch_end(*args):
+        calls.append(args[0])
+        if len(calls) == 2:                       # step 4 (ckpt_every) saved; the epoch end's is never written
+            raise SystemExit("killed")
+        return real(*args)
+    monkeypatch.setattr(train_spt, "save_resume_point", killed_at_the_epoch_end)
+    assert cli(train_spt, *SPT, f"--out_dir={out}", "--ckpt_every=4")[0] == 1
+    monkeypatch.setattr(train_spt, "save_resume_point", real)
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
+    vals = [(r["phase"], r["epoch"]) for r in read_log(out) if "val_loss" in r]
+    assert vals == [("spt", 1), ("finetune", 1)]
+
+
+def test_resume_keeps_init_from_and_refuses_other_data(finished_spt, tmp_path, text_file):
+    out = tmp_path / "ft"
+    flags = [*SPT, "--pretrain_epochs=0", f"--init_from={finished_spt}/spt_best.pt", "--epochs=2"]
+    assert cli(train_spt, *flags, f"--out_dir={out}", "--halt_after_steps=5", "--ckpt_every=1")[0] == 1
+    assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
+    assert json.load(open(out / "config.json"))["init_from"] == f"{finished_spt}/spt_best.pt"
+    assert json.load(open(out / "summary.json"))["init_from"] == f"{finished_spt}/spt_best.pt"
+    flt = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--stop_step=2")[0] == 0
+    config = json.load(open(flt / "config.json"))
+    open(text_file, "a").write(" replaced")
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--init_from=resume")
+    assert status == 1 and "not the data this run was trained on" in message
+    assert json.load(open(flt / "config.json")) == config
+
+
+# -----------------------------------------------------------------------------
+# Bounds before any work; readers take only their own script's runs
+
+@pytest.mark.parametrize("script, flags, words", [
+    (train_spt, ["--lr=" + "9" * 401], "401 digits"),
+    (train_spt, ["--n_embd=" + "9" * 401], "401 digits"),
+    (train_spt, ["--epochs=" + "9" * 401], "401 digits"),
+    (train_spt, ["--out_dir=" + "x" * 300], "more than 255"),
+    (train_spt, ["--task=listops", "--n_generate=1000000000000"], "too many listops examples"),
+    (train_flt, ["--evaluate=nowhere", "--test_loops=100000000"], "--test_loops=100000000 is out of range"),
+    (train_flt, ["--evaluate=nowhere", "--test_loops=-5"], "--test_loops=-5 is out of range"),
+])
+def test_numbers_and_paths_are_bounded_before_any_work(tmp_path, script, flags, words):
+    status, message = cli(script, *flags)
+    assert status == 1 and words in message
+
+
+def test_data_lra_sizes_and_a_pickle_that_claims_more_than_it_holds(tmp_path):
+    import pickle
+
+    import data_lra
+    for task in ("listops", "pathfinder"):
+        with pytest.raises(ValueError, match="too many"):
+            data_lra.parse_args([f"--task={task}", "--generate", "--n=1000000000000"])
+
+    class Claim:
+        def __reduce__(self):
+            return (np.ndarray, ((1000000, 3072), np.dtype("u1")))
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": Claim(), b"labels": [0]}, protocol=2))
+    with pytest.raises(ValueError, match="refusing an array of 3,072,000,000 bytes"):
+        data_lra.read_cifar_batch(str(path))
+
+
+def test_listops_that_has_too_few_expressions_is_refused_quickly(tmp_path):
+    flags = [f for f in FLT if not f.startswith("--eval_batches")]
+    status, message = cli(train_flt, *flags, "--data=listops", "--listops_depth=1", "--listops_examples=1000000",
+                          f"--out_dir={tmp_path}/o")
+    assert status == 1 and "distinct ListOps expressions" in message
+
+
+def test_readers_take_only_their_own_scripts_runs(finished_spt, tmp_path, text_file):
+    for flags in ([f"--evaluate={finished_spt}"], [f"--compare={finished_spt}", f"--out_dir={tmp_path}/c"]):
+        status, message = cli(train_flt, *flags)
+        assert status == 1 and "not a run of train_flt.py" in message
+    tree = tmp_path / "tree"
+    shutil.copytree(finished_spt, tree / "spt")
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={tree}/flt")[0] == 0
+    assert cli(train_spt, f"--report={tree}")[0] == 0                    # the FLT run is left out
+    early = tmp_path / "early"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={early}", "--stop_step=1")[0] == 0
+    training.write_text(str(early / "log.jsonl"), "")                      # still in its first step
+    status, message = cli(train_flt, f"--compare={early}", f"--out_dir={tmp_path}/c2")
+    assert status in (0, 1) and "Traceback" not in message
+
+
+def test_a_checkpoint_of_another_shape_or_script_is_refused_before_anything_is_written(finished_spt, tmp_path,
+                                                                                          text_file):
+    flt = tmp_path / "flt"
+    assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={flt}", "--stop_step=2")[0] == 0
+    for ckpt, flags, words in ((finished_spt / "spt_best.pt", ["--n_embd=32"], "--n_embd=16 there, 32 here"),
+                               (flt / "ckpt.pt", [], "not written by train_spt.py")):
+        out = tmp_path / "o"
+        status, message = cli(train_spt, *SPT, "--pretrain_epochs=0", f"--init_from={ckpt}", *flags,
+                              f"--out_dir={out}")
+        assert status == 1 and words in message and not out.exists()

@@ -18,6 +18,7 @@ import corpora  # noqa: E402
 import flt_report  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
+import training  # noqa: E402
 from training import load_checkpoint, read_log  # noqa: E402
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
@@ -69,7 +70,7 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
             assert [len(row) for row in r[f"{kind}_grad_norms"]] == [1, 1]      # one per (loop, block)
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     s = json.load(open(os.path.join(out, "summary.json")))
-    assert s == json.loads(json.dumps(summary))
+    assert s == json.loads(training.to_json(summary))                  # strict JSON: a NaN is written as null
     res = np.array([r["residual_norms"] for r in steps])
     assert s["residual_norm_peak"] == res.max(0).tolist()
     assert s["residual_norm_peak_step"] == [steps[i]["step"] for i in res.argmax(0)]
