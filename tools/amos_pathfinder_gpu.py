@@ -68,8 +68,10 @@ def run_flags(cfg, init, arm, seed, cap_hours):
     flags = ["--task=pathfinder", f"--difficulty={DIFFICULTY}", "--data_source=generated",
              f"--n_generate={cfg['n_generate']}", f"--data_dir={cfg['data_dir']}", f"--init={init}",
              f"--seed={seed}", f"--pretrain_epochs={cfg['spt_epochs'] if arm == 'spt' else 0}",
-             f"--epochs={cfg['epochs']}", "--warmup_steps=0", "--pretrain_warmup_steps=0", "--warmup_frac=0.05",
+             f"--epochs={cfg['epochs']}", "--warmup_steps=0", "--warmup_frac=0.05",
              f"--max_hours={cap_hours:.5f}", "--log_every=50", f"--out_dir={run_dir(cfg, init, arm, seed)}"]
+    if arm == "spt":                      # an SPT flag on a run without SPT is refused by train_spt.py
+        flags.append("--pretrain_warmup_steps=0")
     return flags + (SMOKE["flags"] if cfg["smoke"] else [])
 
 
