@@ -36,8 +36,6 @@ import os
 import numpy as np
 import torch
 
-import training
-
 from model import Transformer
 
 PROX_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
@@ -199,6 +197,7 @@ def plt_figure(*args, **kwargs):
 def save_figure(plt, fig, path, dpi):
     """The PNG is written to a temp file, then renamed (training.atomic_write): a full disk
     never leaves half a figure, and a link at `path` is refused."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     try:
         training.atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     finally:
@@ -340,6 +339,7 @@ def plot_curves(out_dir):
 def plot_evolution_of_runs(run_dirs, path, n_cols=6):
     """The paper's figure from each run's snapshots.jsonl: one row per (run, phase),
     n_cols snapshots spread over training (plot_evolution draws it)."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     rows = []
     for d in run_dirs:
         snap_path = os.path.join(d, "snapshots.jsonl")
@@ -433,6 +433,7 @@ REPORT_FILES = ("report.md", "val_accuracy.png", "attention_evolution.png")
 def run_script(d):
     """The script that wrote the run folder d (its manifest says; a run written before
     manifests, by its config's keys), or None when d is not a run."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     manifest = training.read_manifest(d)
     if manifest is not None:
         return manifest["script"] if manifest["script"] in RUN_SCRIPTS else None
@@ -481,6 +482,7 @@ def report(dirs, out_dir=""):
     """--report: one table of the train_spt.py runs under `dirs` (runs of other scripts
     are left out, and said so), report.md and two figures, written where report_folder
     says and never over a file --report did not write."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     finished, unfinished, other = find_runs(dirs)
     if other:
         print(f"left out (not train_spt.py runs): {', '.join(other)}")

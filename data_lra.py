@@ -57,9 +57,7 @@ import time
 import numpy as np
 import torch
 
-import configurator
 import pathfinder
-import training
 
 # -----------------------------------------------------------------------------
 # vocabularies
@@ -515,6 +513,7 @@ def write_listops_tsv(path, rows):
 
 
 def _atomic_write_text(path, text):
+    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     training.atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
@@ -543,6 +542,7 @@ def _cache_ok(sidecar, key, files):
 
 
 def _write_sidecar(sidecar, key, files):
+    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
     _atomic_write_text(sidecar, training.to_json(meta, indent=1))
 
@@ -758,6 +758,7 @@ def _load_npz(path, key):
 
 
 def _save_npz(path, key, **arrays):
+    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path), exist_ok=True)
     training.atomic_write(path, lambda f: np.savez(f, **arrays))
     _write_sidecar(path + ".json", key, [path])
@@ -804,6 +805,7 @@ def export_pathfinder_lra(folder, images, labels, margins=None, batch_size=1000,
 
 def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties=tuple(DIFFICULTIES)):
     """A PNG with one row of generated samples per difficulty, labels in the titles."""
+    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -960,6 +962,7 @@ def parse_args(argv):
 def check_generate(task, n, resolution=None, flag="--n_generate"):
     """Refuse, before any work, a number of examples to generate that is over
     configurator.MAX_COUNT or whose arrays would not fit in the memory free here."""
+    import configurator  # here, not at the top: data_lra.py imports alone with pathfinder.py
     R = resolution or (128 if task == "pathx" else 32)
     per_example = 4 * 2000 if task == "listops" else R * R         # ListOps: up to 2,000 int32 tokens
     if n > configurator.MAX_COUNT or n * per_example > configurator.memory_available():

@@ -1,5 +1,5 @@
 """The files a user copies into another project work there alone: each is copied
-into an empty folder (analysis.py with the model.py and training.py it reads) and imported by a
+into an empty folder (analysis.py with the model.py it reads) and imported by a
 fresh Python whose only path to this project is that folder."""
 
 import os
@@ -17,8 +17,9 @@ COPYABLE = {
     "looped.py": ((), "m.LoopedTransformer(m.LoopedConfig(n_embd=16, n_head=2, n_layer=1, n_loops=2))"),
     "synthetic.py": ((), "m.load_split('val', n=8)"),
     "pathfinder.py": ((), "m.generate(4, seed=0, contour_length=6)"),
-    "analysis.py": (("model.py", "training.py"), "m.proximity_mass([__import__('torch').full((1, 1, 8, 8), 1 / 8)])"),
+    "analysis.py": (("model.py",), "m.proximity_mass([__import__('torch').full((1, 1, 8, 8), 1 / 8)])"),
     "theory.py": (("model.py",), "m.check(0, 4)"),
+    "data_lra.py": (("pathfinder.py",), "m.generate_pathfinder(4, progress=False)"),
 }
 
 
