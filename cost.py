@@ -72,9 +72,10 @@ def generation_seconds(cfg, n):
     if cfg["data_source"] == "release" or os.path.exists(path):
         return 0.0
     length = data_lra.DIFFICULTIES[data_lra._difficulty(cfg["difficulty"])][1]
-    t = time.perf_counter()                                   # one chunk, as each process draws them
-    pathfinder.generate_chunk(99, 0, data_lra.CHUNK, length, resolution)
-    return (time.perf_counter() - t) / data_lra.CHUNK * n / (os.cpu_count() or 1)
+    size = min(data_lra.CHUNK, n)                 # one chunk, as each process draws them (never more than n)
+    t = time.perf_counter()
+    pathfinder.generate_chunk(99, 0, size, length, resolution)
+    return (time.perf_counter() - t) / size * n / (os.cpu_count() or 1)
 
 
 def estimate(cfg, rt):
