@@ -170,7 +170,7 @@ def attention_at_init(config, tokens, seeds=(0, 1, 2), pad_mask=None, image_side
     out = {}
     for seed in seeds:
         torch.manual_seed(seed)
-        _, maps = Transformer(config).eval()(tokens, pad_mask, return_attn=True)
+        _, maps = Transformer(config).eval().forward_with_maps(tokens, pad_mask)
         maps = [maps[layer].float()]
         mass = proximity_mass(maps, pad_mask, widths=(0, width))
         ratios = {"self": mass["layers"][0][0] / mass["uniform"][0],

@@ -13,7 +13,7 @@ Sections (--only, comma list):
   throughput  training step (forward + backward + AdamW) of model.py's Transformer
               against torch.nn.TransformerEncoder of the same shape: tokens/s
   memory      peak memory of one training step against T, for the SDPA path and the
-              explicit attention-map path (return_attn=True); log-log growth slope
+              explicit attention-map path (Transformer.forward_with_maps); log-log growth slope
   looped      looped.py: time per step against n_loops, for the five variants
   data        PathFinder and ListOps generation rate, PathFinder cache load time
   cuda        on a GPU: tokens/s and model FLOPs utilisation (MFU) with bf16

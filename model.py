@@ -23,8 +23,8 @@ Conventions: `idx` is a LongTensor (B, T) of token ids; `pad_mask` is an optiona
 BoolTensor (B, T) that is True where the position is PADDING. Padded positions
 are never attended to, never pooled, and change no output of a real token.
 
-Training uses F.scaled_dot_product_attention (fused kernels). Passing
-return_attn=True switches to an explicit softmax that also returns the
+Training uses F.scaled_dot_product_attention (fused kernels).
+Transformer.forward_with_maps runs an explicit softmax that also returns the
 attention maps; both paths compute the same function.
 
 This file imports only torch, so it can be copied into another project alone.
@@ -345,13 +345,16 @@ class Transformer(nn.Module):
             maps.append(att)
         return self.ln_f(x), maps
 
-    def forward(self, idx, pad_mask=None, return_attn=False, causal=False):
-        """Final hidden states (B, T, n_embd) of the tokens; with return_attn=True also
-        the list of per-layer attention maps (B, H, T', T'), T' = T (+1 with a [CLS])."""
-        h, maps = self.encode(idx, pad_mask, return_attn, causal)
-        if self.config.pool == "cls":
-            h = h[:, 1:]
-        return (h, maps) if return_attn else h
+    def forward(self, idx, pad_mask=None, causal=False):
+        """Final hidden states (B, T, n_embd) of the tokens."""
+        h, _ = self.encode(idx, pad_mask, causal=causal)
+        return h[:, 1:] if self.config.pool == "cls" else h
+
+    def forward_with_maps(self, idx, pad_mask=None, causal=False):
+        """forward's hidden states and the list of per-layer attention maps (B, H, T', T'),
+        T' = T (+1 with a [CLS]), computed with an explicit softmax."""
+        h, maps = self.encode(idx, pad_mask, return_attn=True, causal=causal)
+        return (h[:, 1:] if self.config.pool == "cls" else h), maps
 
     # --- the two heads
 

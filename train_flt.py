@@ -104,7 +104,6 @@ import os
 import shlex
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -578,7 +577,7 @@ def train(r):
         for micro in range(C.grad_accum):
             x, y = get_batch(r.train, C, it, micro, rt.rank, device=rt.device)
             recorder.next_micro()
-            with grad_sync(r.model, rt, last_micro=micro == C.grad_accum - 1), rt.autocast():
+            with training.grad_sync(r.model, rt, last_micro=micro == C.grad_accum - 1), rt.autocast():
                 _, loss, stats = r.model(x, y, return_stats=True)       # forward: loss on the chosen loops
             (loss / C.grad_accum).backward()                            # backward
             loss_sum += loss.item() / C.grad_accum
@@ -612,12 +611,6 @@ def set_schedules(optimizers, base_lrs, it, C):
             group["lr"] = base * lr_now
             if isinstance(o, torch.optim.Muon):
                 group["momentum"] = muon_momentum(it)
-
-
-def grad_sync(model, rt, last_micro):
-    """Under DDP, model.no_sync() for every micro-batch but the last: the gradients are
-    averaged over ranks once per step, in the last backward. A no-op otherwise."""
-    return model.no_sync() if rt.ddp and not last_micro else nullcontext()
 
 
 def mean_over_ranks(loss, res_norms, rt):

@@ -56,7 +56,7 @@ import synthetic
 from configurator import (check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list, resume_config,
                           run_cli)
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (RunFolder, RunLog, append_text, close_ddp, data_fingerprint, interrupted,
+from training import (RunFolder, RunLog, append_text, close_ddp, data_fingerprint, grad_sync, interrupted,
                       last_good_checkpoint, load_checkpoint, load_state, lr_at, record_fingerprint, save_checkpoint,
                       setup_runtime, to_json, weights_finite)
 
@@ -654,11 +654,6 @@ def make_objective(phase, model, mask_id, cfg, rt):
     return objective, train_obj, optimizer, [p for p in model.parameters() if p.requires_grad]
 
 
-def grad_sync(train_obj, rt, last_micro):
-    """Under DDP, average gradients over ranks only at the last micro-batch of a step."""
-    return train_obj.no_sync() if rt.ddp and not last_micro else torch.enable_grad()
-
-
 class NonFiniteGuard:
     """The first step whose loss or gradient was NaN or inf (0 = none), kept on the
     device. On a CPU it is read every step, before the optimizer update (free there);
@@ -810,7 +805,7 @@ def attention_maps(model, ds, rt, n=8):
     if tokens.dim() == 3:                                           # retrieval: first documents
         tokens, pad_mask = tokens[:, 0], None if pad_mask is None else pad_mask[:, 0]
     model.eval()
-    _, maps = model(tokens, pad_mask, return_attn=True)
+    _, maps = model.forward_with_maps(tokens, pad_mask)
     model.train()
     if model.config.pool == "cls":                                  # drop the [CLS] row/column
         maps = [m[:, :, 1:, 1:] for m in maps]

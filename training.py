@@ -12,6 +12,7 @@ script shows only its own experiment (the command line is configurator.py's):
   RunLog         config.json, log.jsonl and summary.json in out_dir
 """
 
+import contextlib
 import errno
 import fcntl
 import fnmatch
@@ -128,6 +129,12 @@ def close_ddp(rt):
 
 # -----------------------------------------------------------------------------
 # Learning-rate schedule
+
+def grad_sync(model, rt, last_micro):
+    """Under DDP, model.no_sync() for every micro-batch but the last of a step: the
+    gradients are averaged over ranks once, in the step's last backward. A no-op otherwise."""
+    return model.no_sync() if rt.ddp and not last_micro else contextlib.nullcontext()
+
 
 def lr_at(step, max_steps, lr, warmup_steps=0, schedule="cosine", min_lr_frac=0.1):
     """Linear warmup to `lr`, then cosine (or linear, or constant) decay to min_lr_frac * lr."""

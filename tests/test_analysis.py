@@ -69,7 +69,7 @@ def test_score_spread_of_uniform_and_of_peaked_attention():
 def test_the_two_inits_give_the_documented_score_spread(init, lo, hi):
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=34, max_len=100, n_embd=64, n_head=4, init=init))
-    _, maps = model(torch.randint(0, 32, (16, 100)), return_attn=True)
+    _, maps = model.forward_with_maps(torch.randint(0, 32, (16, 100)))
     spread = analysis.score_spread(maps)
     assert lo < spread["score_std"][0] < hi
 

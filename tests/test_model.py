@@ -32,7 +32,7 @@ def test_sdpa_path_equals_explicit_attention_path(pos_enc):
     torch.manual_seed(0)
     model, idx, mask = small(pos_enc=pos_enc), tokens(), ragged_mask()
     fused = model(idx, mask)
-    explicit, maps = model(idx, mask, return_attn=True)
+    explicit, maps = model.forward_with_maps(idx, mask)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert len(maps) == 2 and maps[0].shape == (3, 4, 20, 20)
     assert torch.allclose(maps[0].sum(-1), torch.ones(3, 4, 20), atol=1e-5)
@@ -45,7 +45,7 @@ def test_padding_changes_no_output_of_real_tokens(pos_enc, pool):
     model = small(pos_enc=pos_enc, pool=pool)
     idx, mask = tokens(), ragged_mask()
     other_pads = idx.masked_fill(mask, 11)                # different ids under the pads
-    h1, maps = model(idx, mask, return_attn=True)
+    h1, maps = model.forward_with_maps(idx, mask)
     h2 = model(other_pads, mask)
     real = ~mask
     assert torch.allclose(h1[real], h2[real], atol=1e-5)
@@ -174,7 +174,7 @@ def test_causal_reconstruction_never_sees_the_future(pos_enc):
     a, b = model.reconstruct(idx, causal=True), model.reconstruct(changed, causal=True)
     assert torch.allclose(a[0, :12], b[0, :12], atol=1e-5)
     assert not torch.allclose(a[0, 12:], b[0, 12:], atol=1e-4)
-    _, maps = model(idx, return_attn=True, causal=True)
+    _, maps = model.forward_with_maps(idx, causal=True)
     assert maps[0][0, :, 3, 4:].abs().max() == 0
 
 

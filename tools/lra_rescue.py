@@ -327,7 +327,7 @@ def plot_maps(runs, path):
         if ckpt:
             load_state(model, load_checkpoint(ckpt)["model"])
         with torch.no_grad():
-            _, att = model.eval()(image[None], return_attn=True)
+            _, att = model.eval().forward_with_maps(image[None])
         maps[stage] = att[0][0]
     return analysis.plot_image_attention(image, maps, path)
 
