@@ -507,3 +507,82 @@ def report(dirs, out_dir=""):
     finally:
         outputs.release()
     return table
+
+
+# -----------------------------------------------------------------------------
+# A training run's attention (train_spt.py): the maps at each stage, their statistics,
+# the snapshots during training and the run's figures
+
+STAGE_TITLES = dict(init="init", spt="after SPT", finetune="finetuned")
+
+
+@torch.no_grad()
+def attention_maps(model, ds, device, n=8):
+    """The attention maps of a dataset's first n examples, one (B, H, T, T) per layer
+    ([CLS] dropped; retrieval pairs: the first documents), and their padding mask."""
+    tokens, pad_mask, _ = ds.collate([ds[i] for i in range(min(n, len(ds)))])
+    if tokens.dim() == 3:
+        tokens, pad_mask = tokens[:, 0], None if pad_mask is None else pad_mask[:, 0]
+    model.eval()
+    _, maps = model.forward_with_maps(tokens.to(device), None if pad_mask is None else pad_mask.to(device))
+    model.train()
+    if model.config.pool == "cls":
+        maps = [m[:, :, 1:, 1:] for m in maps]
+    return [m.float().cpu() for m in maps], pad_mask
+
+
+def attention_snapshot(model, ds, device, n=4):
+    """One record of snapshots.jsonl: the layer-0 proximity mass on n examples, and the
+    head-averaged map of the first (average-pooled down to at most 128 positions)."""
+    maps, pad_mask = attention_maps(model, ds, device, n)
+    mass = proximity_mass(maps, pad_mask)
+    m = maps[0][0].mean(0)
+    factor = max(1, math.ceil(m.size(0) / 128))
+    m = torch.nn.functional.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
+    return dict(mass=mass["layers"][0], widths=mass["widths"], uniform=mass["uniform"],
+                map=np.round(m.numpy(), 4).tolist())
+
+
+def stage_statistics(reports):
+    """Flat summary keys from the stage reports: mass within |i-j|<=2, Toeplitz score,
+    near/far score gap, score spread, entropy, and for images the 3x3 mass."""
+    w2, r1 = PROX_WIDTHS.index(2), PROX_RADII.index(1)
+    out = {}
+    for stage, r in reports.items():
+        out[f"mass_w2_{stage}"] = r["mass"]["layers"][0][w2]
+        out[f"toeplitz_{stage}"], out[f"near_far_{stage}"] = r.get("toeplitz"), r.get("near_far")
+        out[f"score_std_{stage}"], out[f"entropy_{stage}"] = r["score_std"][0], r["entropy"][0]
+        if "mass_2d" in r:
+            out[f"mass2d_r1_{stage}"] = r["mass_2d"]["layers"][0][r1]
+    if "mass_2d" in reports["init"]:
+        out["mass2d_r1_uniform"] = reports["init"]["mass_2d"]["uniform"][r1]
+    out["mass_w2_uniform"] = reports["init"]["mass"]["uniform"][w2]
+    return out
+
+
+class Observations:
+    """The attention at the stages of a run (init, after SPT, finetuned): attention_report
+    on the first validation examples, the maps drawn to attention_<stage>.png, and at
+    the end the run's figures. Only the master rank observes (master=False: a no-op)."""
+
+    def __init__(self, out_dir, image_task, master=True):
+        self.out_dir, self.image_task, self.master = out_dir, image_task, master
+        self.reports, self.scores, self.first_maps = {}, {}, {}
+
+    def observe(self, stage, model, ds, device):
+        if not self.master:
+            return
+        maps, pad_mask = attention_maps(model, ds, device)
+        side = math.isqrt(maps[0].size(-1)) if self.image_task else None
+        self.reports[stage], self.scores[stage] = attention_report(model, maps, pad_mask, side)
+        plot_attention(maps, os.path.join(self.out_dir, f"attention_{stage}.png"), f"attention maps: {stage}")
+        self.first_maps[STAGE_TITLES[stage]] = maps[0][0]
+
+    def plot(self, image=None):
+        """curves.png, proximity.png, attention_evolution.png and, for an image task
+        (`image`: one example's pixels), attention_2d.png."""
+        plot_curves(self.out_dir)
+        plot_proximity(self.reports, self.scores, os.path.join(self.out_dir, "proximity.png"))
+        plot_evolution_of_runs([self.out_dir], os.path.join(self.out_dir, "attention_evolution.png"))
+        if self.image_task:
+            plot_image_attention(image, self.first_maps, os.path.join(self.out_dir, "attention_2d.png"))

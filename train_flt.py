@@ -381,9 +381,8 @@ def main(argv=None):
     if cfg["evaluate"]:
         only_flags(configurator.given_keys(argv), "evaluate", ("test_loops", "device"))
         return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
-    master = int(os.environ.get("RANK", 0)) == 0
     resume = cfg["init_from"] == "resume"
-    with training.RunFolder(cfg["out_dir"], "train_flt.py", RUN_FILES, cfg["overwrite"], resume, master) as folder:
+    with training.RunFolder(cfg["out_dir"], "train_flt.py", RUN_FILES, cfg["overwrite"], resume) as folder:
         run = setup_run(cfg, argv, folder)
         try:
             nan_stop = train(run)
@@ -476,7 +475,7 @@ def setup_run(cfg, argv, folder):
             model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     resume = ckpt is not None
     folder.begin()                                                   # checks done: write
-    log = training.RunLog(C.out_dir, cfg, rt.master, resume_step=step if resume else None,
+    log = training.RunLog(C.out_dir, cfg, keep=training.up_to_step(step) if resume else None,
                           command=shlex.join(["python", "train_flt.py", *argv]))
     if resume:
         log.log(step=step, event="resume", changed=changed)

@@ -12,7 +12,6 @@ script shows only its own experiment (the command line is configurator.py's):
   RunLog         config.json, log.jsonl and summary.json in out_dir
 """
 
-import contextlib
 import errno
 import fcntl
 import fnmatch
@@ -133,7 +132,72 @@ def close_ddp(rt):
 def grad_sync(model, rt, last_micro):
     """Under DDP, model.no_sync() for every micro-batch but the last of a step: the
     gradients are averaged over ranks once, in the step's last backward. A no-op otherwise."""
-    return model.no_sync() if rt.ddp and not last_micro else contextlib.nullcontext()
+    return model.no_sync() if rt.ddp and not last_micro else nullcontext()
+
+
+# -----------------------------------------------------------------------------
+# Guarding a training loop: NaN stops, the wall clock, the replicas
+
+class NonFiniteGuard:
+    """The first step whose loss or gradient was NaN or inf (0 = none), kept on the
+    device. On a CPU it is read every step, before the optimizer update (free there);
+    on a GPU at each log step and before anything is saved. So no checkpoint ever
+    holds weights that were updated with a NaN gradient."""
+
+    def __init__(self, rt, phase, ckpt_path):
+        self.at = torch.zeros((), dtype=torch.long, device=rt.device)
+        self.every_step, self.phase, self.ckpt_path = rt.device_type == "cpu", phase, ckpt_path
+
+    def record(self, loss, gnorm, step):
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
+        self.at = torch.where((self.at == 0) & ~finite, step, self.at)
+        if self.every_step:
+            self.check()
+
+    def mark(self, step):
+        self.at.fill_(step)
+
+    def check(self):
+        step = int(self.at.item())
+        if step:
+            raise FloatingPointError(
+                f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; stopping, nothing from "
+                f"that step on was saved, and {last_good_checkpoint(self.ckpt_path)}. Its weights are finite "
+                f"but may already be on the way to diverging, so resuming from it with --init_from=resume "
+                f"--lr=... (lower) can diverge again; if it does, start again with --overwrite=True and a lower "
+                f"--lr (or set --grad_clip if it is 0)")
+
+
+class RunClock:
+    """The run's wall time across resumes (what the checkpoint had, plus this call's),
+    and the optimizer steps this call has taken, both phases counted: after
+    --halt_after_steps of them (0 = never) it stops as if killed, to test resume."""
+
+    def __init__(self, halt_after, wall_before=0.0):
+        self.halt_after, self.steps, self.start, self.before = halt_after, 0, time.time(), wall_before
+
+    def elapsed(self):
+        return self.before + time.time() - self.start
+
+    def tick(self, bar):
+        self.steps += 1
+        if self.halt_after and self.steps >= self.halt_after:
+            bar.close()
+            raise SystemExit(f"halted after {self.steps} steps (--halt_after_steps)")
+
+
+def unwrap(model):
+    """The bare model under DDP and torch.compile wrappers."""
+    model = model.module if hasattr(model, "module") else model
+    return getattr(model, "_orig_mod", model)
+
+
+def replica_max_diff(model, rt):
+    """DDP check: the largest difference between any rank's weights and rank 0's."""
+    flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
 
 
 def lr_at(step, max_steps, lr, warmup_steps=0, schedule="cosine", min_lr_frac=0.1):
@@ -242,6 +306,17 @@ def data_fingerprint(pieces):
     for piece in pieces:
         h.update(len(piece).to_bytes(8, "little") + piece)
     return h.hexdigest()[:16]
+
+
+def example_bytes(ds, n=256):
+    """The size of a dataset and the bytes of n examples spread over it: enough to tell
+    one training set from another (a resumed run compares them)."""
+    def flat(x):
+        if torch.is_tensor(x):
+            return x.numpy().tobytes()
+        return b"".join(flat(v) for v in x) if isinstance(x, (tuple, list)) else repr(x).encode()
+    picks = np.unique(np.linspace(0, len(ds) - 1, min(n, len(ds))).astype(int))
+    return str(len(ds)).encode() + b"".join(flat(ds[int(i)]) for i in picks)
 
 
 def record_fingerprint(cfg, fingerprint):
@@ -514,9 +589,10 @@ class RunFolder:
     `names` (glob patterns) are the files a run of this script writes: a folder written
     before runs had a manifest is taken over on resume if it holds only those."""
 
-    def __init__(self, out_dir, script, names=(), overwrite=False, resume=False, master=True):
+    def __init__(self, out_dir, script, names=(), overwrite=False, resume=False):
         self.dir, self.script, self.names = out_dir, script, RESULT_FILES + ("command.txt",) + tuple(names)
-        self.overwrite, self.resume, self.master, self.created, self.lock = overwrite, resume, master, False, None
+        self.overwrite, self.resume, self.created, self.lock = overwrite, resume, False, None
+        self.master = is_master()
         self.manifest = None
 
     def __enter__(self):
@@ -646,16 +722,14 @@ def lock_owner(out_dir):
 class RunLog:
     """Writes only on the master rank. log.jsonl gets one JSON object per call of log().
     When resuming, the records written before the checkpoint are kept and new ones
-    appended: resume_step=N keeps those with step <= N, or keep=f those with f(record)
-    true; otherwise the log starts anew. The files in `also` (other JSONL records of
+    appended: keep=f keeps those with f(record) true (up_to_step(N): step <= N);
+    otherwise the log starts anew. The files in `also` (other JSONL records of
     the run) are cut back the same way. command.txt gets the command line that made
     the run (one more line per resume). Create it only after RunFolder.begin()."""
 
-    def __init__(self, out_dir, config, master=True, resume_step=None, keep=None, command=None, also=()):
-        self.path, self.master = os.path.join(out_dir, "log.jsonl"), master
-        if resume_step is not None:
-            keep = lambda r: r.get("step", 0) <= resume_step
-        if not master:
+    def __init__(self, out_dir, config, keep=None, command=None, also=()):
+        self.path, self.master = os.path.join(out_dir, "log.jsonl"), is_master()
+        if not self.master:
             return
         if command is not None:
             path = os.path.join(out_dir, "command.txt")
@@ -675,3 +749,13 @@ class RunLog:
     def summary(self, summary):
         if self.master:
             write_json(os.path.join(os.path.dirname(self.path), "summary.json"), summary)
+
+
+def up_to_step(step):
+    """RunLog's keep= for a checkpoint at `step`: the records at or before it."""
+    return lambda r: r.get("step", 0) <= step
+
+
+def is_master():
+    """Rank 0 of a torchrun launch, or a single process (read before the process group exists)."""
+    return int(os.environ.get("RANK", 0)) == 0

@@ -596,17 +596,17 @@ def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snaps
 
 def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real = train_spt.save_resume_point
+    real = train_spt.Phase.save
     calls = []
 
-    def killed_at_the_epoch_end(*args):
-        calls.append(args[0])
+    def killed_at_the_epoch_end(phase):
+        calls.append(phase.name)
         if len(calls) == 2:                       # step 4 (ckpt_every) saved; the epoch end's is never written
             raise SystemExit("killed")
-        return real(*args)
-    monkeypatch.setattr(train_spt, "save_resume_point", killed_at_the_epoch_end)
+        return real(phase)
+    monkeypatch.setattr(train_spt.Phase, "save", killed_at_the_epoch_end)
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--ckpt_every=4")[0] == 1
-    monkeypatch.setattr(train_spt, "save_resume_point", real)
+    monkeypatch.setattr(train_spt.Phase, "save", real)
     assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
     vals = [(r["phase"], r["epoch"]) for r in read_log(out) if "val_loss" in r]
     assert vals == [("spt", 1), ("finetune", 1)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import analysis
+import spt_settings
 import train_spt
 from model import select_params
 from training import load_checkpoint, read_log
@@ -269,7 +270,7 @@ def test_lra_tasks_start_from_tied_attention_and_pixel_tasks_read_grey_values():
     for task in ("synthetic", *LRA_TASKS):
         cfg = train_spt.get_config([f"--task={task}"])
         assert cfg["init"] == ("torch" if task == "synthetic" else "amos"), task
-        assert cfg["pixel_encoder"] == ("linear" if task in train_spt.IMAGE_TASKS else "token"), task
+        assert cfg["pixel_encoder"] == ("linear" if task in spt_settings.IMAGE_TASKS else "token"), task
     cfg = train_spt.get_config(["--task=pathfinder", "--init=torch", "--pixel_encoder=token"])
     assert (cfg["init"], cfg["pixel_encoder"]) == ("torch", "token")        # both can be turned off
 

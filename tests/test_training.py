@@ -55,7 +55,7 @@ def test_run_log_keeps_only_records_before_the_checkpoint_on_resume(tmp_path):
     log = RunLog(tmp_path, {"a": 1})
     for step in range(1, 6):
         log.log(step=step, loss=float(step))
-    RunLog(tmp_path, {"a": 1}, resume_step=3).log(step=4, loss=40.0)
+    RunLog(tmp_path, {"a": 1}, keep=training.up_to_step(3)).log(step=4, loss=40.0)
     assert [(r["step"], r["loss"]) for r in read_log(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
     RunLog(tmp_path, {"a": 1})                                         # a new run starts anew
     assert read_log(tmp_path) == []

@@ -88,8 +88,8 @@ def folder(out, arm, seed, lr=None):
 
 def preset_epochs():
     """(SPT epochs, finetuning epochs) of the preset."""
-    import train_spt
-    p = train_spt.preset_values("cpu_rescue", "pathfinder")
+    import spt_settings
+    p = spt_settings.preset_values("cpu_rescue", "pathfinder")
     return p["pretrain_epochs"], p["epochs"]
 
 

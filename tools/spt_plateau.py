@@ -54,7 +54,7 @@ def grid_mass(run, n):
     model = train_spt.build_model(cfg, [val])                 # seeded as the run was: its init
 
     def mass():
-        maps, _ = train_spt.attention_maps(model, val, rt, n)
+        maps, _ = analysis.attention_maps(model, val, rt.device, n)
         grid = analysis.proximity_mass_2d(maps[:1], math.isqrt(maps[0].size(-1)), radii=(1,))
         return grid["layers"][0][0] / grid["uniform"][0]
 

@@ -1,0 +1,308 @@
+"""
+The flags of train_spt.py: every key of DEFAULTS is a --key=value flag; --task=NAME
+starts from that task's values (TASKS: Amos et al.'s configs), --preset=NAME then
+applies a named set of overrides (PRESETS), and the command line applies last.
+check_config refuses a bad value, or a flag that does not apply to the run
+(flag_scope), in one line before any work is done.
+
+    python train_spt.py --task=synthetic --pretrain_epochs=0     # any key, as --key=value
+    python train_spt.py --task=pathfinder --preset=cpu           # a named set of overrides
+    python train_spt.py --help                                   # every key and its default
+"""
+
+import hashlib
+import os
+
+import synthetic
+from configurator import check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list
+from model import PARAM_GROUPS, TransformerConfig
+from training import load_checkpoint, weights_finite
+
+IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
+
+DEFAULTS = dict(
+    task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
+    pretrain_task="",        # "" = the task itself; else pretrain on another task's data
+    data_dir="data",
+    data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
+    n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
+    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14
+    max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
+    n_train=0,               # use only the first n training examples (0 = all)
+    n_eval=0,                # use only the first n val/test examples (0 = all)
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    seed=0,
+    # model
+    pos_enc="sinusoidal", pool="mean", dropout=0.0,
+    init="torch",            # torch: PyTorch's layer defaults; gpt2: N(0, 0.02); amos: PyTorch's with
+                             # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code: the LRA tasks')
+    pixel_encoder="token",   # token: one embedding per grey level; linear: Amos et al.'s grey value in
+                             # [-1, 1] and a mask flag through nn.Linear(2, d) (image, pathfinder, pathx)
+    # self-pretraining
+    spt_objective="masked",  # masked | causal (next-token)
+    save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
+    # finetuning and the ablations
+    init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
+    init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
+    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
+                             # random init from scratch, at the SPT values after SPT
+    patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as Amos et al.)
+    max_hours=24.0,          # wall-time cap of each phase (Amos et al.: 24 h on one GPU)
+    # optimisation (AdamW)
+    weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
+    warmup_steps=0,          # linear warmup of the finetuning phase, in optimizer steps...
+    pretrain_warmup_steps=0, # ... and of the SPT phase
+    warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
+    pretrain_lr=0.0,         # 0 = same as lr
+    pretrain_schedule="",    # "" = same as schedule
+    preset="",               # "", cpu or cpu_rescue: a named set of overrides, applied before the flags (PRESETS)
+    # logging and analysis
+    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
+    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
+    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
+    report="",               # comma list of folders: gather their summary.json into a table (written into
+                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
+    # system
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
+    compile=False, num_workers=0, debug=False,
+)
+
+# Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-
+# <task>[-mlm].yaml: "-mlm" is their SPT phase). Where a value is not in those files it says so.
+# Every LRA task: init="amos", their attention (mhfa: src/models/sequence/mha.py, MultiheadAttention-
+# Flash, whose clones(nn.Linear(d, d), 4) starts W_Q = W_K = W_V = W_O). Pixel tasks: their
+# `encoder: linear` (configs/pipeline/{cifar,pathfinder}[-lm].yaml). SPT learning rate: their -mlm
+# files have the finetuning one (PathFinder 5e-4 / 5e-4, Image 1e-3 / 1e-3), so pretrain_lr stays
+# 0 (= lr); the per-task SPT rates said to be in their paper's hyper-parameter table (PathFinder
+# 1e-3, ListOps 1e-3) are unverified here and not adopted.
+TASKS = {   # depth = n_layer
+    "synthetic": dict(   # ours (the task is ours): the CPU recipe of REPORT.md's synthetic tables
+        depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=64, pretrain_epochs=10, epochs=20,
+        mask_ratio=0.15, schedule="cosine", warmup_frac=0.05, grad_clip=1.0, patience=20),
+    "listops": dict(     # listops(-mlm).yaml: 6/512/8 heads, ffn x4, batch 32, 100/100 epochs, warmup 2000
+        depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=100, epochs=100,
+        warmup_steps=2000, pretrain_warmup_steps=2000, init="amos",
+        lr=1e-4,         # not checkable: the yaml says 0.05, surely overridden on their command line
+        mask_ratio=0.10),   # set on their command line, not checkable in the yaml
+    "text": dict(        # imdb(-mlm).yaml: weight decay 0.1, 32/65 epochs, warmup 5000 (SPT) / 2000
+        depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=65,
+        weight_decay=0.1, warmup_steps=2000, pretrain_warmup_steps=5000, init="amos",
+        lr=1e-4, mask_ratio=0.15),   # not checkable, as for listops
+    "retrieval": dict(   # aan(-mlm).yaml: 4/128/4 heads, ffn x4, 32/32 epochs, warmup 2000 (SPT) / 5000
+        depth=4, n_embd=128, n_head=4, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=32,
+        warmup_steps=5000, pretrain_warmup_steps=2000, init="amos",
+        lr=1e-4, mask_ratio=0.15),   # not checkable, as for listops
+    "image": dict(       # cifar(-mlm).yaml: 3/64/4 heads, ffn x2, lr 1e-3, 50/200 epochs, warmup 2500 / 2000,
+        depth=3, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=50,   # finetuning batch 50 (SPT: 32)
+        pretrain_epochs=50, epochs=200, warmup_steps=2000, pretrain_warmup_steps=2500, mask_ratio=0.50,
+        init="amos", pixel_encoder="linear"),
+    "pathfinder": dict(  # pathfinder(-mlm).yaml: 4/128/8 heads, ffn x1, lr 5e-4, batch 32, 50/200 epochs
+        depth=4, n_embd=128, n_head=8, ffn_mult=1, lr=5e-4, batch_size=32, pretrain_epochs=50, epochs=200,
+        warmup_steps=5000, pretrain_warmup_steps=2500, mask_ratio=0.50, init="amos", pixel_encoder="linear"),
+    "pathx": dict(       # pathx-small.yaml: 4 heads, max pooling, batch 32, 200 epochs, warmup 5000
+        depth=4, n_embd=128, n_head=4, ffn_mult=1, lr=5e-4, batch_size=32, pool="max", epochs=200,
+        warmup_steps=5000, pretrain_warmup_steps=5000, mask_ratio=0.50, init="amos", pixel_encoder="linear",
+        pretrain_epochs=50),   # not checked: their PathX SPT config was not read; PathFinder's value
+}
+
+# Named sets of overrides (--preset=...), applied after the task's defaults and before
+# the command line: "*" for every task, then the task's own. Ours, not Amos et al.'s:
+# see REPORT.md's departures table and its CPU-scale LRA setting.
+PRESETS = {
+    "": {},
+    "cpu": {
+        # Runs of a few epochs: a warmup of 5% of the phase and a cosine decay instead of
+        # thousands of warmup steps at a constant rate; clipping and early stopping. dtype
+        # fast: bf16 autocast where the CPU computes bf16 (0.87-0.88 of the float32 step at
+        # depth 1 and 4 on such a CPU), float32 where it would be emulated (an AVX2-only CPU:
+        # 5x slower in bf16). Every core by default when a run is alone.
+        "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
+                  grad_clip=1.0, patience=20, dtype="fast"),
+        # About 56 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
+        # 8,000 images of 1,024 pixels); SPT at a higher lr, as it must get below the pixels'
+        # unigram entropy (0.79 nats) to teach anything. --depth=4 is about 4x slower.
+        "pathfinder": dict(difficulty="baseline", n_generate=10_000, depth=1, n_embd=64, n_head=4,
+                           lr=1e-3, pretrain_lr=3e-3, batch_size=32, pretrain_epochs=12, epochs=5,
+                           save_epochs="1,2,5,10"),
+        # About an hour at depth 1 (2 s a step on one core): 4,800 training expressions of
+        # 500-2,000 tokens, SPT 6 + finetuning 4 epochs; 250 val and 250 test expressions (the
+        # 2% splits of 12,500, cut by n_train), as 100 would leave +-4 points of sampling noise.
+        "listops": dict(n_generate=12_500, n_train=4_800, depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3,
+                        pretrain_lr=3e-3, batch_size=32, pretrain_epochs=6, epochs=4, save_epochs="1,2,5"),
+    },
+    # SPT against scratch on PathFinder in hours of one core (tools/lra_rescue.py runs its
+    # arms; REPORT.md, A9, says why each value): a low-data regime (4,000 training images
+    # of LRA's 160,000), one layer (LRA's own PathFinder Transformer), batch 8 (a fifth of
+    # batch 32's step time on a CPU), constant rates after a 5% warmup, so that a longer
+    # from-scratch run starts as the shorter one. SPT 2,000 steps, finetuning 500.
+    "cpu_rescue": {
+        "*": dict(schedule="constant", pretrain_schedule="constant", warmup_steps=0, pretrain_warmup_steps=0,
+                  warmup_frac=0.05, grad_clip=1.0, patience=0, dtype="fast"),
+        "pathfinder": dict(difficulty="baseline", n_generate=10_000, n_train=4_000, depth=1, n_embd=64,
+                           n_head=4, lr=1e-3, pretrain_lr=3e-3, batch_size=8, pretrain_epochs=4, epochs=1,
+                           save_epochs="1,2,3,4"),
+    },
+}
+
+
+def preset_values(preset, task):
+    """The overrides --preset=<preset> makes for --task=<task>."""
+    return {**PRESETS[preset].get("*", {}), **PRESETS[preset].get(task, {})}
+
+
+RESUME_SAFE = ("lr", "pretrain_lr", "grad_clip", "max_hours", "patience", "log_every", "ckpt_every",
+               "halt_after_steps", "device", "dtype", "compile", "num_workers", "debug")
+
+
+def flag_scope(cfg):
+    """Where each flag that not every run reads applies: flag -> (does it apply to this
+    run?, where it applies). A flag given on the command line where it does not apply
+    is refused (check_config), so no flag is ever silently ignored."""
+    tasks = {cfg["task"], cfg["pretrain_task"] or cfg["task"]}
+    on = lambda *names: (bool(tasks & set(names)), "--task=" + "|".join(names))
+    given_weights = cfg["init_from"] not in ("", "resume")
+    spt = (cfg["pretrain_epochs"] > 0 and not given_weights, "a run with an SPT phase (--pretrain_epochs > 0 "
+                                                                "and no --init_from checkpoint)")
+    return dict(
+        max_len=on("listops", "text", "retrieval"), n_generate=on("listops", "pathfinder", "pathx"),
+        data_source=on("listops", "pathfinder", "pathx"), difficulty=on("pathfinder", "pathx"),
+        data_dir=(tasks != {"synthetic"}, "the LRA tasks (the synthetic task is made in memory)"),
+        pretrain_task=spt, spt_objective=spt, mask_ratio=spt, pretrain_lr=spt, pretrain_schedule=spt,
+        pretrain_warmup_steps=spt, save_epochs=spt,
+        init_params=(spt[0] or given_weights, "finetuning from SPT weights (an SPT phase or --init_from=CHECKPOINT)"),
+        pretrain_epochs=(cfg["pretrain_epochs"] == 0 or not given_weights,
+                         "a run that pretrains itself; --init_from=CHECKPOINT finetunes from that checkpoint instead"))
+
+
+def get_config(argv):
+    """Two passes: --task picks the task's defaults, then every --key=value applies."""
+    task = flag_value(argv, "task", DEFAULTS["task"])
+    if task not in TASKS:
+        raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
+    preset = flag_value(argv, "preset", DEFAULTS["preset"])
+    if preset not in PRESETS:
+        raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
+    cfg = configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__)
+    return check_config(cfg, given_keys(argv))
+
+
+def check_config(cfg, given=()):
+    """Refuse bad values before any work is done, naming what is allowed. `given`: the
+    keys on the command line (a flag that does not apply to this run is refused)."""
+    if cfg["report"] and set(given) - {"report", "out_dir", "debug"}:
+        raise ValueError(f"--report gathers finished runs and takes no other flag but --out_dir (got "
+                         f"{', '.join('--' + k for k in given if k not in ('report', 'out_dir', 'debug'))})")
+    schedules = ("cosine", "linear", "constant")   # training.lr_at's
+    choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
+                   data_source=("auto", "generated", "release"),
+                   schedule=schedules, pretrain_schedule=("",) + schedules)
+    for key, allowed in choices.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
+    groups = set(PARAM_GROUPS) | {"all"}
+    for key in ("freeze", "init_params"):
+        bad = [g for g in cfg[key].split(",") if g.strip() not in groups | {"none"}]
+        if bad:
+            raise ValueError(f"--{key}={cfg[key]}: unknown parameter group {bad[0]!r}; choose from "
+                             f"{sorted(groups)}, a comma list of them, or none")
+    check_ranges(cfg, positive=("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "grad_accum",
+                                "epochs", "log_every", "max_hours"),
+                 nonnegative=("pretrain_epochs", "n_generate", "max_len", "n_train", "n_eval", "patience",
+                              "weight_decay", "grad_clip", "pretrain_lr", "ckpt_every", "warmup_steps",
+                              "pretrain_warmup_steps",
+                              "snapshot_attn_every", "halt_after_steps", "num_workers"),
+                 fractions=("dropout", "warmup_frac"))
+    TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],   # model flags,
+                      ffn_mult=cfg["ffn_mult"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],   # before
+                      init=cfg["init"], pixel_encoder=cfg["pixel_encoder"])            # the data
+    if cfg["pixel_encoder"] == "linear" and cfg["task"] not in IMAGE_TASKS:   # (a pretraining task is
+        raise ValueError(f"--pixel_encoder=linear reads grey levels: it applies only to "   # one of them too:
+                         f"{', '.join(IMAGE_TASKS)}; use --pixel_encoder=token here")        # check_data)
+    if not 0 < cfg["mask_ratio"] < 1:
+        raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
+    parse_int_list("save_epochs", cfg["save_epochs"])
+    for key, (applies, where) in flag_scope(cfg).items():
+        if key in given and not applies and cfg["init_from"] != "resume":
+            raise ValueError(f"--{key}={cfg[key]} does not apply to --task={cfg['task']} here: it applies only "
+                             f"to {where}; leave it out")
+    if "all" in cfg["freeze"].split(","):
+        raise ValueError("--freeze=all leaves nothing to train; freeze a group: attn, qk, qkv, mlp, emb")
+    d, depth = cfg["n_embd"], cfg["depth"]
+    check_memory(depth * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])    # the blocks alone: a lower bound
+    if cfg["pretrain_task"] not in ("", cfg["task"]) and task_vocabulary(cfg["pretrain_task"]) != \
+            task_vocabulary(cfg["task"]):
+        raise ValueError(vocabulary_mismatch(cfg, task_vocabulary(cfg["pretrain_task"]), task_vocabulary(cfg["task"])))
+    if cfg["n_generate"] and cfg["task"] in ("listops", "pathfinder", "pathx"):
+        import data_lra
+        data_lra.check_generate(cfg["task"], cfg["n_generate"])
+    if cfg["init_from"] not in ("", "resume"):
+        if not os.path.exists(cfg["init_from"]):
+            raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
+        given_ckpt = load_checkpoint(cfg["init_from"])
+        if not weights_finite(given_ckpt["model"]):
+            raise ValueError(f"--init_from={cfg['init_from']} holds NaN or inf weights (its run diverged); "
+                             f"finetune from an earlier checkpoint of it")
+        check_shape_of(given_ckpt, cfg)
+    return cfg
+
+
+def check_shape_of(ckpt, cfg, keys=("depth", "n_embd", "n_head", "ffn_mult")):
+    """An --init_from checkpoint is a train_spt.py model of this run's shape (before anything is written)."""
+    theirs = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    if "task" not in theirs:
+        raise ValueError(f"--init_from={cfg['init_from']} was not written by train_spt.py (no task in its config); "
+                         f"finetune from a train_spt.py checkpoint such as RUN/spt_best.pt")
+    differ = [f"--{k}={theirs.get(k)} there, {cfg[k]} here" for k in keys if theirs.get(k) != cfg[k]]
+    if differ:
+        raise ValueError(f"--init_from={cfg['init_from']} is a model of another shape ({'; '.join(differ)}); "
+                         f"give this run the same model flags")
+
+
+def default_out_dir(cfg):
+    """out/<task>_d<depth>_<pretrain_epochs>ep, plus every other flag that differs
+    from the task's defaults, so two different runs never share a folder."""
+    base = {**DEFAULTS, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
+    skip = {"task", "depth", "pretrain_epochs", "out_dir", "overwrite", "device", "dtype", "compile",
+            "num_workers", "debug", "log_every", "halt_after_steps"}
+    extra = "".join(f"_{k}-{cfg[k]}" for k in base if k not in skip and cfg[k] != base[k])
+    extra = extra.replace("/", "-").replace(",", "+")
+    if len(extra) > 100:                                  # long: keep it unique, not readable
+        extra = extra[:80] + "_" + hashlib.sha1(extra.encode()).hexdigest()[:10]
+    return os.path.join("out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep{extra}")
+
+
+
+def task_vocabulary(task):
+    """(vocab size, pad id, mask id) of a task, known without reading its data."""
+    if task == "synthetic":
+        ds = synthetic.load_split("val", n=2)                     # made in memory: instant
+        return ds.vocab_size, ds.pad_id, ds.mask_id
+    import data_lra
+    if task == "listops":
+        return data_lra.LISTOPS_VOCAB, data_lra.LISTOPS_PAD, data_lra.LISTOPS_MASK
+    return data_lra.BYTE_VOCAB, data_lra.BYTE_PAD, data_lra.BYTE_MASK
+
+
+def vocabulary_mismatch(cfg, pre, task):
+    return (f"--pretrain_task={cfg['pretrain_task']} has vocabulary (size, pad, mask) {pre} but "
+            f"--task={cfg['task']} has {task}: its token ids would mean other tokens here. Pretrain on a task "
+            f"with the same vocabulary (image, pathfinder and pathx share one), or copy only weights that do "
+            f"not read tokens from its checkpoint: --init_from=RUN/spt_best.pt --init_params=attn")
+
+
+def check_data(cfg, rt, splits):
+    """Every split holds examples, the training sets at least one global batch, and a
+    pretraining task speaks the task's vocabulary (else its ids would alias silently)."""
+    vocab = lambda ds: (ds.vocab_size, ds.pad_id, ds.mask_id)
+    if vocab(splits["pretrain"]) != vocab(splits["train"]):
+        raise ValueError(vocabulary_mismatch(cfg, vocab(splits["pretrain"]), vocab(splits["train"])))
+    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    for name, ds in splits.items():
+        if len(ds) == 0:
+            raise ValueError(f"the {name} split of --task={cfg['task']} is empty (data under "
+                             f"{cfg['data_dir']}); check the files or --n_train/--n_eval")
+        if name in ("train", "pretrain") and len(ds) < G:
+            raise ValueError(f"the {name} split has {len(ds)} examples, fewer than one global batch "
+                             f"of {G}; lower --batch_size or --grad_accum")
+
