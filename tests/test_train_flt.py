@@ -443,6 +443,11 @@ def test_evaluate_checkpoint_gives_the_test_time_curve_of_the_summary(tmp_path, 
     assert np.allclose(curve["loss"], s["test_val_loss"][:5], rtol=1e-5)
     assert np.allclose(curve["hidden_norm"], s["test_hidden_norm"][:5], rtol=1e-5)
     assert "5 loops" in capsys.readouterr().out
+    ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
+    del ckpt["config"]["osc_steps"]                                  # a config without one of the flags
+    training.save_checkpoint(os.path.join(out, "ckpt.pt"), ckpt)
+    with pytest.raises(ValueError, match="has no osc_steps"):
+        train_flt.main([f"--evaluate={out}"])
 
 
 def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
