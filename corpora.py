@@ -170,21 +170,23 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
                      f"ask for fewer (--listops_examples) or raise --block_size or --listops_depth")
 
 
-def load_data(C):
+def load_data(cfg):
     """(train, val, vocab_size, is_bytes) for --data=stdlib | listops | file.txt | DIR.
     ListOps: one corpus of distinct expressions (fixed seed, whatever the run's seed),
-    the first C.listops_val held out for val, the next C.listops_examples for training."""
-    if C.data == "listops":
-        rows = listops_corpus(C.listops_examples + C.listops_val, C.listops_depth, C.block_size)
-        return rows[C.listops_val:], rows[:C.listops_val], 256, False
-    if C.data == "stdlib":
-        train, val = prepare_stdlib(C.data_dir)
+    the first --listops_val held out for val, the next --listops_examples for training.
+    `cfg`, as every function here takes it: train_flt.py's config dict."""
+    if cfg["data"] == "listops":
+        n_val = cfg["listops_val"]
+        rows = listops_corpus(cfg["listops_examples"] + n_val, cfg["listops_depth"], cfg["block_size"])
+        return rows[n_val:], rows[:n_val], 256, False
+    if cfg["data"] == "stdlib":
+        train, val = prepare_stdlib(cfg["data_dir"])
         return train, val, 256, True
-    if os.path.isdir(C.data):
-        paths = [os.path.join(C.data, f) for f in ("train.bin", "val.bin")]
+    if os.path.isdir(cfg["data"]):
+        paths = [os.path.join(cfg["data"], f) for f in ("train.bin", "val.bin")]
         missing = [p for p in paths if not os.path.exists(p)]
         if missing:
-            raise FileNotFoundError(f"--data={C.data} is a folder but {', '.join(missing)} is missing; "
+            raise FileNotFoundError(f"--data={cfg['data']} is a folder but {', '.join(missing)} is missing; "
                                     f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
         for p in paths:
             if os.path.getsize(p) % 2 or os.path.getsize(p) == 0:
@@ -192,46 +194,48 @@ def load_data(C):
                                  f"token ids (2 bytes each); is it a nanoGPT-style token file?")
         train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
         for name, part in (("train.bin", train), ("val.bin", val)):
-            if len(part) <= 5e7 and len(part) and int(part.max()) >= C.vocab_size:
-                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={C.vocab_size}; "
+            if len(part) <= 5e7 and len(part) and int(part.max()) >= cfg["vocab_size"]:
+                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={cfg['vocab_size']}; "
                                  f"set --vocab_size to the tokenizer's vocabulary size")
-        return train, val, C.vocab_size, False
-    if os.path.isfile(C.data):
-        raw = np.fromfile(C.data, dtype=np.uint8)
+        return train, val, cfg["vocab_size"], False
+    if os.path.isfile(cfg["data"]):
+        raw = np.fromfile(cfg["data"], dtype=np.uint8)
         n = int(0.9 * len(raw))
         return raw[:n], raw[n:], 256, True
-    raise FileNotFoundError(f"--data={C.data}: no such file or folder. Give 'stdlib', a text file, "
+    raise FileNotFoundError(f"--data={cfg['data']}: no such file or folder. Give 'stdlib', a text file, "
                             f"or a folder holding train.bin and val.bin")
 
 
-def get_batch(data, C, step, micro=0, rank=0, device="cpu"):
-    """A training batch (x, y) of C.batch_size windows of C.block_size tokens (y = x
+def get_batch(data, cfg, step, micro=0, rank=0, device="cpu"):
+    """A training batch (x, y) of batch_size windows of block_size tokens (y = x
     shifted by one), drawn by a generator seeded with (seed, step, micro, rank): the
     same call always gives the same batch, which makes resume exact. ListOps data
-    (n, 2, block_size) gives C.batch_size of its rows instead."""
-    rng = np.random.default_rng([C.seed, step, micro, rank])
+    (n, 2, block_size) gives batch_size of its rows instead."""
+    rng = np.random.default_rng([cfg["seed"], step, micro, rank])
     if data.ndim == 3:
-        xy = torch.from_numpy(data[rng.integers(0, len(data), size=C.batch_size)])
+        xy = torch.from_numpy(data[rng.integers(0, len(data), size=cfg["batch_size"])])
         return xy[:, 0].to(device), xy[:, 1].to(device)
-    ix = rng.integers(0, len(data) - C.block_size - 1, size=C.batch_size)
-    xy = torch.from_numpy(np.stack([np.asarray(data[i:i + C.block_size + 1], dtype=np.int64) for i in ix]))
+    T = cfg["block_size"]
+    ix = rng.integers(0, len(data) - T - 1, size=cfg["batch_size"])
+    xy = torch.from_numpy(np.stack([np.asarray(data[i:i + T + 1], dtype=np.int64) for i in ix]))
     x, y = xy[:, :-1], xy[:, 1:]
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
 
-def eval_set(val, C):
+def eval_set(val, cfg):
     """The fixed eval set (x, y), tensors (N, block_size): a function of the val split
     and the flags below only, never of the seed, so every seed and variant of a corpus
     is scored on the same text. ListOps: every held-out expression (all N =
-    --listops_val of them, each once). A byte or token stream: N = C.eval_batches *
-    C.batch_size windows starting at evenly spaced offsets over the whole val split."""
+    --listops_val of them, each once). A byte or token stream: N = eval_batches *
+    batch_size windows starting at evenly spaced offsets over the whole val split."""
     if val.ndim == 3:
         xy = torch.from_numpy(np.asarray(val))
         return xy[:, 0], xy[:, 1]
-    starts = np.linspace(0, len(val) - C.block_size - 1, C.eval_batches * C.batch_size).round().astype(np.int64)
-    xy = torch.from_numpy(np.stack([np.asarray(val[i:i + C.block_size + 1], dtype=np.int64) for i in starts]))
+    T, n = cfg["block_size"], cfg["eval_batches"] * cfg["batch_size"]
+    starts = np.linspace(0, len(val) - T - 1, n).round().astype(np.int64)
+    xy = torch.from_numpy(np.stack([np.asarray(val[i:i + T + 1], dtype=np.int64) for i in starts]))
     return xy[:, :-1], xy[:, 1:]
 
 

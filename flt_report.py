@@ -3,9 +3,10 @@ What the files of finished train_flt.py runs say (config.json, log.jsonl,
 summary.json), read from those files, never from a model: the statistics and
 verdicts of a run's curves, then the figures and the tables of a set of runs.
 
-    python train_flt.py --compare=out/a,out/b --out_dir=assets
+    python train_flt.py --compare=out/a,out/b --out_dir=assets     (compare() here)
 
-The statistics (train_flt.py puts them in every summary.json):
+The statistics (train_flt.py puts them in every summary.json, over the first
+osc_steps steps):
   grad_volatility  std over steps of  d_t = log g_{t+1} - log g_t  (g_t the total
                    gradient norm before clipping): how much the norm moves from
                    step to step, whatever the pattern. Minibatch noise alone gives
@@ -18,6 +19,8 @@ The statistics (train_flt.py puts them in every summary.json):
                    running mean: 0.3 for independent noise, towards 1 for a zig-zag.
   collapse_verdict the collapse rule on the whole val curve, against the 1-loop
                    reference run at the same steps: collapsed / lagging / none.
+  gradient_statistics, residual_statistics, collapse_fields  the summary's fields
+                   computed from log.jsonl (each says what its fields mean).
 
 The figures and the table:
   flt_loss.png             train loss (10-step mean; dots: val loss), a panel per trained loop count K
@@ -26,12 +29,14 @@ The figures and the table:
   flt_residual_norm.png    the residual norm of every loop over training, a panel per (variant, K)
   flt_map_<recipe>.png     the stability map: final val loss over K x lr multiplier, collapses marked
   compare.md               the tables: one row per finished run; then per (recipe, variant, K, lr),
-                           over seeds: the mean and spread, the gap to FLT paired by seed,
+                           over seeds: the mean and spread (with grad volatility, grad dlog ac1
+                           and grad zigzag side by side), the gap to FLT paired by seed,
                            the residual norm over training,
                            the gradient reaching each loop, and the test-time loop curve
 
 A colour per variant throughout. Every run also draws its own figures at its end.
-Read top to bottom: the statistics, plot_runs, each figure in the order above, the tables.
+Read top to bottom: the statistics, the summary's fields, compare and plot_runs, each figure in
+the order above, the tables.
 """
 
 import json
@@ -42,8 +47,10 @@ from types import SimpleNamespace
 import numpy as np
 
 import training
+from analysis import save_figure
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
+COMPARE_DIR = "out/flt_compare"      # --compare's folder when --out_dir is not given: never a run's
 COLLAPSE_MARGIN = 0.05   # nats: a difference of val loss smaller than this is not read as a difference
 NEAR_SHARE = 0.2         # "near the unigram level": within this share of the reference's gain below it
 LOST_SHARE = 0.25        # a run that gave back more than this share of its best gain "lost what it learned"
@@ -132,6 +139,82 @@ def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
     return "none", "like the reference"
 
 
+def val_curve(records):
+    """{step: val loss} from a run's log records."""
+    return {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
+
+
+def judge_curves(val, ref, final_loss, h_unigram):
+    """collapse_verdict on two val curves {step: loss} at the steps both have; a run
+    whose final loss is not finite diverged."""
+    common = sorted(set(val) & set(ref))
+    return collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
+                            [ref[k] for k in common], h_unigram)
+
+
+# --- the fields of summary.json that train_flt.py computes from log.jsonl ----------------
+
+def gradient_statistics(g):
+    """The summary's gradient fields from g, the total gradient L2 norms before clipping
+    of the first N = osc_steps steps (fewer if the run is shorter): grad_volatility, the
+    std over t = 0..N-2 of log g_{t+1} - log g_t (how much the norm moves per step,
+    noise included); grad_dlog_ac1 and grad_zigzag, two tests of oscillation that tell a
+    step-to-step zig-zag from noise (-0.5 and 0.3 for independent noise, -1 and towards
+    1 for a zig-zag; defined above); and the largest norm."""
+    return {"grad_volatility": grad_volatility(g), "grad_dlog_ac1": grad_dlog_ac1(g),
+            "grad_zigzag": grad_zigzag(g), "grad_osc_steps": len(g),
+            "max_grad_norm": float(max(g)) if len(g) else float("nan")}
+
+
+def residual_statistics(steps, n_loops):
+    """The summary's residual-norm fields, per loop (the residual norm of the log):
+    at the first and last step; residual_norm_peak / _peak_step, its maximum over
+    training and the step where it occurs; and the largest over loops and steps."""
+    if not steps:
+        return {"residual_norm_first": [], "residual_norm_last": [], "residual_norm_peak": [],
+                "residual_norm_peak_step": [], "max_residual_norm": float("nan")}
+    res = np.array([rec["residual_norms"] for rec in steps]).reshape(len(steps), n_loops)
+    return {"residual_norm_first": res[0].tolist(), "residual_norm_last": res[-1].tolist(),
+            "residual_norm_peak": res.max(0).tolist(),
+            "residual_norm_peak_step": [steps[i]["step"] for i in res.argmax(0)],
+            "max_residual_norm": float(res.max())}
+
+
+def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
+    """The summary's collapse fields, given --reference=DIR (a finished 1-loop run, same
+    data, recipe, lr, budget and eval set): collapse, the rule on the run's whole val
+    curve {step: loss} against the reference's at the steps both have
+    (flt_report.collapse_verdict): collapsed (never learned, back at the unigram level,
+    or lost what it learned), lagging (behind at the end; still improving or stalled),
+    or none; collapse_kept = (H_unigram - final val loss) / (H_unigram - the reference's
+    final val loss)."""
+    ref_final = ref_curve[max(ref_curve)]
+    verdict, why = judge_curves(val, ref_curve, final_loss, h_unigram)
+    kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
+    return {"reference": reference, "reference_val_loss": ref_final,
+            "reference_val_curve": [ref_curve[k] for k in sorted(set(val) & set(ref_curve))],
+            "collapse": verdict, "collapse_reason": why, "collapse_kept": kept}
+
+
+# --- the figures and tables of a set of runs ----------------------------------------
+
+def compare(dirs, out_dir=None):
+    """--compare: the figures and compare.md of the finished runs in `dirs`, drawn into
+    out_dir (COMPARE_DIR if None), a folder that holds no run (a run's own figures are
+    never replaced), replacing only files an earlier --compare wrote there
+    (training.claim_outputs). Returns the table's rows."""
+    out = out_dir or COMPARE_DIR
+    held = [f for f in training.RESULT_FILES if os.path.exists(os.path.join(out, f))]
+    if held:
+        raise FileExistsError(f"--out_dir={out} holds a run ({', '.join(held)}); --compare draws into a folder "
+                              f"that is not a run, e.g. --out_dir={COMPARE_DIR}")
+    outputs = training.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
+    try:
+        return plot_runs(dirs, out)
+    finally:
+        outputs.release()
+
+
 def plot_runs(dirs, out_dir, quiet=False):
     """Draw the figures of the runs in `dirs` into out_dir and write compare.md there;
     print the table unless quiet. Returns the table's rows (markdown lines)."""
@@ -160,15 +243,16 @@ def plot_runs(dirs, out_dir, quiet=False):
         axes[0][0].set_ylabel(ylabel)
         if axes[0][-1].get_legend_handles_labels()[0]:
             axes[0][-1].legend(fontsize=7)
-        save(fig, plt, out_dir, name, dpi=90)
+        fig.tight_layout()
+        save_figure(plt, fig, os.path.join(out_dir, name), dpi=90)
 
     panels("flt_loss.png", "train loss (10-step mean; dots: val)", "nats / token", draw_loss)
     panels("flt_grad_norm.png", "total grad norm before clipping", "L2 norm", draw_grad_norm, logy=True)
     panels("flt_test_time_loops.png", "val loss vs inference loops (dotted: K)", "nats / token",
            draw_test_time_loops, xlabel="inference loops")
     draw_residual_norms(plt, runs, variants, Ks, out_dir)
-    for optim in sorted(set(r.cfg.get("optim", "adamw") for r in runs)):
-        draw_stability_map(plt, [r for r in runs if r.cfg.get("optim", "adamw") == optim and r.summary],
+    for optim in sorted(set(r.cfg["optim"] for r in runs)):
+        draw_stability_map(plt, [r for r in runs if r.cfg["optim"] == optim and r.summary],
                            optim, variants, Ks, out_dir)
     rows = compare_table(runs)
     tables = [rows, seed_table(runs), paired_table(runs), residual_table(runs), grad_flow_table(runs),
@@ -192,6 +276,9 @@ def load_run(d):
     if "variant" not in cfg:
         raise ValueError(f"--compare: {d} is not a run of train_flt.py (its config has no variant); compare only "
                          f"train_flt.py runs")
+    if "optim" not in cfg:
+        raise ValueError(f"--compare: {d} was written by a train_flt.py that did not record its recipe (its "
+                         f"config has no optim); train it again to compare it")
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in training.read_log(d)],
@@ -209,10 +296,10 @@ def as_numbers(record):
 
 
 def rejudge(r):
-    """The run with its collapse fields recomputed by collapse_verdict as it stands,
-    from the val curves in its log.jsonl and its reference's (the rule reads files
-    only, so a run judged by an earlier rule is judged again); unchanged when the
-    run has no reference or its folder is gone."""
+    """The run with its collapse fields computed by collapse_verdict from the val
+    curves in its log.jsonl and its reference's, so that a table always shows this
+    file's rule, whatever summary.json holds; unchanged when the run has no
+    reference or its folder is gone."""
     ref_dir = r.summary.get("reference")
     if not ref_dir or not os.path.exists(os.path.join(ref_dir, "log.jsonl")):
         return r
@@ -220,28 +307,6 @@ def rejudge(r):
         val_curve(r.log), val_curve(training.read_log(ref_dir)), r.summary["final_val_loss"],
         r.summary["unigram_entropy"])
     return r
-
-
-def val_curve(records):
-    """{step: val loss} from a run's log records."""
-    return {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
-
-
-def judge_curves(val, ref, final_loss, h_unigram):
-    """collapse_verdict on two val curves {step: loss} at the steps both have; a run
-    whose final loss is not finite diverged."""
-    common = sorted(set(val) & set(ref))
-    return collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
-                            [ref[k] for k in common], h_unigram)
-
-
-def save(fig, plt, out_dir, name, dpi):
-    """Atomically (a full disk never leaves half a figure)."""
-    fig.tight_layout()
-    try:
-        training.atomic_write(os.path.join(out_dir, name), lambda f: fig.savefig(f, dpi=dpi, format="png"))
-    finally:
-        plt.close(fig)
 
 
 def smooth(y, w=10):
@@ -294,7 +359,8 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
             ax.tick_params(labelsize=7)
     fig.suptitle("residual norm per loop vs step\n"
                  "(mean token L2 before the final norm; purple = loop 1, yellow = last)", fontsize=9)
-    save(fig, plt, out_dir, "flt_residual_norm.png", dpi=80)
+    fig.tight_layout()
+    save_figure(plt, fig, os.path.join(out_dir, "flt_residual_norm.png"), dpi=80)
 
 
 def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
@@ -322,7 +388,8 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
         ax.set_xlabel("loops K", fontsize=8)
     axes[0][0].set_ylabel("lr multiplier", fontsize=8)
     fig.suptitle(f"final val loss, recipe {optim} (C collapsed, L lagging, vs the 1-loop run)", fontsize=9)
-    save(fig, plt, out_dir, f"flt_map_{optim}.png", dpi=90)
+    fig.tight_layout()
+    save_figure(plt, fig, os.path.join(out_dir, f"flt_map_{optim}.png"), dpi=90)
 
 
 # --- the table ----------------------------------------------------------------------
@@ -341,12 +408,12 @@ def compare_table(runs):
         best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
         collapse = (f"{s['collapse']} ({s.get('collapse_reason', '')}; {s['collapse_kept']:.2f})"
                     if "collapse" in s else "-")
-        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg.get('optim', 'adamw')} "
+        rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg['optim']} "
                     f"| {s['variant']} | {s['n_loops']} | {r.cfg.get('seed')} "
                     f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', nan):.3f} "
                     f"| {s['residual_norm_first'][-1] if s['residual_norm_first'] else nan:.1f} -> "
                     f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else nan:.1f} "
-                    f"| {peak_residual(s)} | {s.get('grad_volatility', s['grad_osc']):.3f} "
+                    f"| {peak_residual(s)} | {s['grad_volatility']:.3f} "
                     f"| {s.get('grad_dlog_ac1', nan):.2f} | {s.get('grad_zigzag', nan):.2f} "
                     f"| {s['diverged_reason'] or 'no'} | {collapse} | {best} ({min(curve):.3f}) |")
     return rows
@@ -378,7 +445,7 @@ def by_cell(runs):
     cells = {}
     for r in sorted((r for r in runs if r.summary), key=lambda r: r.cfg.get("seed", 0)):
         K = r.cfg["n_loops"]
-        key = (r.cfg["data"], r.cfg.get("optim", "adamw"), "1-loop" if K == 1 else r.cfg["variant"], K,
+        key = (r.cfg["data"], r.cfg["optim"], "1-loop" if K == 1 else r.cfg["variant"], K,
                r.cfg.get("lr_mult", 1.0))
         cells.setdefault(key, []).append(r)
     return cells
@@ -399,7 +466,7 @@ def seed_table(runs):
                     f"| {', '.join(str(r.cfg.get('seed')) for r in cell)} "
                     f"| {spread([x['final_val_loss'] for x in s])} | {spread(gap) if gap else '-'} "
                     f"| {verdicts or '-'} | {spread([x['max_residual_norm'] for x in s], 0)} "
-                    f"| {spread([x.get('grad_volatility', x['grad_osc']) for x in s])} "
+                    f"| {spread([x['grad_volatility'] for x in s])} "
                     f"| {spread([x.get('grad_dlog_ac1', float('nan')) for x in s], 2)} "
                     f"| {spread([x.get('grad_zigzag', float('nan')) for x in s], 2)} |")
     return rows

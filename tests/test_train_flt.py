@@ -16,6 +16,7 @@ sys.path.insert(0, ROOT)
 
 import corpora  # noqa: E402
 import flt_report  # noqa: E402
+import flt_settings  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
 import training  # noqa: E402
@@ -74,7 +75,7 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
     res = np.array([r["residual_norms"] for r in steps])
     assert s["residual_norm_peak"] == res.max(0).tolist()
     assert s["residual_norm_peak_step"] == [steps[i]["step"] for i in res.argmax(0)]
-    for key in ("final_val_loss", "final_val_bpb", "grad_osc", "grad_volatility", "grad_dlog_ac1", "grad_zigzag",
+    for key in ("final_val_loss", "final_val_bpb", "grad_volatility", "grad_dlog_ac1", "grad_zigzag",
                 "max_residual_norm", "diverged", "diverged_reason", "test_loops", "test_val_loss", "test_hidden_norm",
                 "test_logit_entropy", "params", "wall_time_s", "unigram_entropy", "val_steps", "val_curve"):
         assert key in s
@@ -85,7 +86,6 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
     assert math.isclose(s["final_val_bpb"], s["final_val_loss"] / math.log(2))
     g = [r["grad_norm"] for r in steps[:5]]
     assert math.isclose(s["grad_volatility"], float(np.std(np.diff(np.log(g)))), rel_tol=1e-9)
-    assert s["grad_osc"] == s["grad_volatility"]                     # the former name still reads
     assert s["params"] == LoopedTransformer(train_flt.LoopedConfig(
         vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16)).num_params()
     assert s["diverged"] == (s["diverged_reason"] is not None)
@@ -107,11 +107,11 @@ def test_resume_gives_the_identical_loss_curve(tmp_path, text_file):
 
 
 def test_batches_are_a_function_of_seed_and_step(text_file):
-    train, _, _, _ = corpora.load_data(type("C", (), {"data": text_file})())
-    C = type("C", (), {"seed": 1, "batch_size": 4, "block_size": 16})()
-    x1, y1 = corpora.get_batch(train, C, step=5)
-    x2, _ = corpora.get_batch(train, C, step=5)
-    x3, _ = corpora.get_batch(train, C, step=6)
+    train, _, _, _ = corpora.load_data({"data": text_file})
+    cfg = {"seed": 1, "batch_size": 4, "block_size": 16}
+    x1, y1 = corpora.get_batch(train, cfg, step=5)
+    x2, _ = corpora.get_batch(train, cfg, step=5)
+    x3, _ = corpora.get_batch(train, cfg, step=6)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3) and torch.equal(x1[:, 1:], y1[:, :-1])
 
 
@@ -173,12 +173,18 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
                 "flt_map_muon.png"):                                  # the stability map of the default recipe
         assert os.path.getsize(os.path.join(figs, png)) > 1000
     tables = open(os.path.join(figs, "compare.md")).read()
-    for header in ("minus its reference (paired)", "minus FLT's (paired by seed)", "peak (loop, step) per seed",
+    for header in ("| grad dlog ac1 | grad zigzag |", "minus its reference (paired)", "minus FLT's (paired by seed)",
+                   "peak (loop, step) per seed",
                    "out grad norm per loop", "attn grad norm per loop", "| test_val_loss |", "| test_hidden_norm |",
                    "| test_logit_entropy |"):
         assert header in tables
     with pytest.raises(FileNotFoundError, match="config.json"):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
+    config = json.load(open(os.path.join(a, "config.json")))
+    del config["optim"]                                               # a run that did not record its recipe
+    training.write_json(os.path.join(a, "config.json"), config)
+    with pytest.raises(ValueError, match="no optim"):
+        train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
 
 
 def test_ddp_two_processes_gloo_keep_identical_weights(tmp_path, text_file):
@@ -204,15 +210,15 @@ def test_default_recipe_is_the_authors_and_adamw_is_ours(tmp_path, text_file):
     out, _ = run(tmp_path, text_file, "adamw", "--max_steps=2", "--optim=adamw", "--weight_decay=0.05")
     cfg = json.load(open(os.path.join(out, "config.json")))
     given = {"weight_decay": 0.05, "warmup_steps": 2}                  # given flags win (warmup_steps: TINY)
-    assert {k: cfg[k] for k in train_flt.RECIPES["adamw"]} == {**train_flt.RECIPES["adamw"], **given}
+    assert {k: cfg[k] for k in flt_settings.RECIPES["adamw"]} == {**flt_settings.RECIPES["adamw"], **given}
     assert cfg["lr"] == 3e-3 and cfg["schedule"] == "cosine" and not cfg["qk_norm"] and cfg["lm_head_std"] == 0
     with pytest.raises(ValueError, match="embedding_lr"):
         run(tmp_path, text_file, "bad", "--optim=adamw", "--embedding_lr=0.1")
 
 
 def test_warmdown_and_momentum_schedules():
-    C = type("C", (), dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100))()
-    lrm = [train_flt.lr_multiplier(it, C) for it in (0, 50, 80, 81, 90, 99)]
+    cfg = dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100)
+    lrm = [train_flt.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
     assert lrm == [1.0, 1.0, 1.0, 19 / 20, 10 / 20, 1 / 20]           # flat, then linear to 0 over the last 20
     mom = [train_flt.muon_momentum(it) for it in (0, 150, 300, 2000)]
     assert [round(m, 10) for m in mom] == [0.85, 0.9, 0.95, 0.95]
@@ -303,9 +309,9 @@ def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
         run(tmp_path, text_file, "k2b", "--max_steps=5", f"--reference={ref}")
     with pytest.raises(ValueError, match="eval_interval"):
         run(tmp_path, text_file, "k2c", "--max_steps=15", "--eval_interval=5", f"--reference={ref}")
-    # --compare judges again from the files: a verdict written by an earlier rule is replaced
+    # --compare judges from the files: a verdict in summary.json that is not the rule's is replaced
     path = os.path.join(tmp_path, "k2", "summary.json")
-    json.dump({**s, "collapse": "partial", "collapse_reason": "an earlier rule"}, open(path, "w"))
+    json.dump({**s, "collapse": "partial", "collapse_reason": "not the rule's"}, open(path, "w"))
     again = flt_report.rejudge(flt_report.load_run(os.path.join(tmp_path, "k2"))).summary
     assert (again["collapse"], again["collapse_reason"]) == (s["collapse"], s["collapse_reason"])
 
@@ -402,8 +408,8 @@ def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):
 
 def test_eval_set_is_fixed_whatever_the_seed_and_spans_the_val_split():
     val = np.arange(10_000, dtype=np.int64) % 251
-    a = corpora.eval_set(val, type("C", (), dict(seed=1, eval_batches=5, batch_size=4, block_size=16))())
-    b = corpora.eval_set(val, type("C", (), dict(seed=2, eval_batches=5, batch_size=4, block_size=16))())
+    a = corpora.eval_set(val, dict(seed=1, eval_batches=5, batch_size=4, block_size=16))
+    b = corpora.eval_set(val, dict(seed=2, eval_batches=5, batch_size=4, block_size=16))
     assert all(torch.equal(u, v) for u, v in zip(a, b)) and a[0].shape == (20, 16)
     starts = [int(x[0]) for x in a[0]]                       # val[i] = i % 251 names each window's start
     assert starts[0] == 0 and int(a[1][-1, -1]) == (10_000 - 1) % 251   # first and last byte of the split
@@ -437,6 +443,11 @@ def test_evaluate_checkpoint_gives_the_test_time_curve_of_the_summary(tmp_path, 
     assert np.allclose(curve["loss"], s["test_val_loss"][:5], rtol=1e-5)
     assert np.allclose(curve["hidden_norm"], s["test_hidden_norm"][:5], rtol=1e-5)
     assert "5 loops" in capsys.readouterr().out
+    ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
+    del ckpt["config"]["osc_steps"]                                  # a config without one of the flags
+    training.save_checkpoint(os.path.join(out, "ckpt.pt"), ckpt)
+    with pytest.raises(ValueError, match="has no osc_steps"):
+        train_flt.main([f"--evaluate={out}"])
 
 
 def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
@@ -444,7 +455,7 @@ def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
 
     def fake(seed, variant, K, loss, ref):
         s = dict(final_val_loss=loss, reference_val_loss=ref, collapse="none", collapse_reason="like the reference",
-                 max_residual_norm=40.0, grad_volatility=0.2, grad_osc=0.2, grad_dlog_ac1=-0.5, grad_zigzag=0.3,
+                 max_residual_norm=40.0, grad_volatility=0.2, grad_dlog_ac1=-0.5, grad_zigzag=0.3,
                  test_val_loss=[loss] * (2 * K))
         return NS(dir=f"{variant}{K}s{seed}", cfg=dict(data="stdlib", optim="muon", variant=variant, n_loops=K,
                                                       lr_mult=1.0, seed=seed), summary=s)

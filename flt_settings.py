@@ -1,0 +1,157 @@
+"""
+The flags of train_flt.py beyond their defaults: the named recipes (--optim) and the
+checks run on the flags before any work, so that a bad flag is one line and nothing
+is written. train_flt.py keeps DEFAULTS and calls these.
+
+  RECIPES          --optim=muon (the authors', the values in DEFAULTS) or adamw (a plain baseline)
+  get_config       DEFAULTS, then the recipe, then every --key=value, then the checks below
+  check_config     every flag in its range, and only the flags that apply to this data and recipe
+  only_flags       --compare and --evaluate read finished runs: no training flag beside them
+  resume_config    what --init_from=resume continues with (RESUME_SAFE flags may change)
+  reference_curve  the 1-loop reference run of --reference, checked to be trained alike
+"""
+
+import json
+import os
+
+import configurator
+import training
+from flt_report import val_curve
+from looped import LOSS_TYPES, VARIANTS
+
+# The recipes, applied over DEFAULTS and before the command line: a key given as a flag
+# keeps the flag's value.
+#   muon   the authors' (FuRuF-11/FullyLoopedTransformer, nanochat): Muon, Nesterov, lr 0.02 on every
+#          matrix of the blocks, momentum 0.85 -> 0.95 over the first 300 steps; AdamW (betas 0.8, 0.95,
+#          eps 1e-10) on the token embedding (lr 0.2 s) and the lm head (lr 0.004 s), s = (n_embd / 768)
+#          ** -0.5; no weight decay; no warmup, flat lr then linear to 0 over the last 20% of steps; the
+#          model with QK-norm, logit softcap 15, lm head init N(0, 1e-3^2). These are DEFAULTS' values.
+#   adamw  a plain AdamW baseline: one lr (3e-3) for every weight, 40 warmup steps then cosine, weight
+#          decay 0.1, and the model without nanochat's QK-norm, softcap and lm-head init (zero lm head)
+RECIPES = {
+    "muon": {},
+    "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
+                  qk_norm=False, softcap=0.0, lm_head_std=0.0),
+}
+MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
+
+# --init_from=resume continues the run in --out_dir, wherever that folder now is, with the
+# checkpoint's config. Of the flags given with it, these are applied and recorded in config.json
+# and log.jsonl (they cannot change what was computed so far); any other that differs is refused.
+RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
+               "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
+
+
+def get_config(defaults, argv, doc):
+    """Two passes: --optim picks the recipe's values, then every --key=value applies.
+    Then the checks: a run's flags all of them, --compare's and --evaluate's their own."""
+    optim = configurator.flag_value(argv, "optim", defaults["optim"])
+    if optim not in RECIPES:
+        raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
+    cfg = configurator.configure({**defaults, **RECIPES[optim]}, argv, doc)
+    check_test_loops(cfg)
+    given = configurator.given_keys(argv)
+    if cfg["compare"]:
+        only_flags(given, "compare", ("out_dir",))
+    elif cfg["evaluate"]:
+        only_flags(given, "evaluate", ("test_loops", "device"))
+    else:
+        check_config(cfg, given)
+    return cfg
+
+
+def check_test_loops(cfg):
+    """--test_loops in [0, MAX_TEST_LOOPS] (it also bounds --evaluate's curve)."""
+    if not 0 <= cfg["test_loops"] <= MAX_TEST_LOOPS:
+        raise ValueError(f"--test_loops={cfg['test_loops']} is out of range: it must be in [0, {MAX_TEST_LOOPS}] "
+                         f"(0 = max(2 * n_loops, 12))")
+
+
+def only_flags(given, mode, allowed):
+    """--compare and --evaluate read finished runs: a training flag beside them would do nothing."""
+    extra = [k for k in given if k not in (mode, "debug", *allowed)]
+    if extra:
+        raise ValueError(f"--{mode} reads finished runs and takes only {', '.join('--' + a for a in allowed)}; "
+                         f"leave out {', '.join('--' + k for k in extra)}")
+
+
+def check_config(cfg, explicit):
+    """Refuse bad values before any work is done, naming what is allowed. `explicit`:
+    the keys given on the command line (some apply only to some data or recipes)."""
+    for key, allowed in dict(variant=tuple(VARIANTS), loss_type=tuple(LOSS_TYPES),
+                             schedule=("warmdown", "cosine", "linear", "constant"),
+                             init_from=("scratch", "resume")).items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"--{key}={cfg[key]} is not one of {allowed}")
+    configurator.check_ranges(cfg, positive=("n_loops", "n_layer", "n_head", "n_embd", "ffn_mult", "block_size",
+                                             "batch_size", "grad_accum", "max_steps", "lr", "embedding_lr",
+                                             "unembedding_lr", "lr_mult", "adam_eps", "eval_interval",
+                                             "eval_batches", "ckpt_interval", "vocab_size", "listops_val"),
+                              nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
+                                           "sample_tokens", "softcap", "lm_head_std"),
+                              fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"),
+                              counts=("listops_examples", "listops_val"))
+    d = cfg["n_embd"]
+    configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
+    if cfg["osc_steps"] < 2:
+        raise ValueError(f"--osc_steps={cfg['osc_steps']} is out of range: the statistic needs at least 2 steps")
+    data = cfg["data"]
+    if "vocab_size" in explicit and (data == "stdlib" or not os.path.isdir(data)):
+        raise ValueError("--vocab_size applies only to a folder of train.bin/val.bin token ids; byte data "
+                         "always has 256; leave it out")
+    for key in set(explicit) & {"embedding_lr", "unembedding_lr"}:
+        if cfg["optim"] != "muon":
+            raise ValueError(f"--{key} is an lr of the muon recipe; with --optim={cfg['optim']} --lr sets every lr")
+    for key in set(explicit) & {"listops_depth", "listops_examples", "listops_val"}:
+        if data != "listops":
+            raise ValueError(f"--{key} applies only to --data=listops; leave it out")
+    if "eval_batches" in explicit and data == "listops":
+        raise ValueError("--eval_batches sizes the eval set of byte or token data; ListOps is scored on all "
+                         "--listops_val held-out expressions; leave it out")
+    if "data_dir" in explicit and data != "stdlib":
+        raise ValueError(f"--data_dir is where the stdlib corpus is cached; it does not apply to --data={data}; "
+                         "leave it out")
+
+
+def resume_config(cfg, argv):
+    """The config this call runs with: the command line's, or, with --init_from=resume,
+    the checkpoint's in out_dir with the RESUME_SAFE flags given now
+    (configurator.resume_config). Returns (cfg, checkpoint or None, changed flags)."""
+    if cfg["init_from"] != "resume":
+        return cfg, None, {}
+    ckpt = training.load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+    if "variant" not in ckpt["config"]:
+        raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_flt.py (train_spt.py's?); resume it "
+                         f"with the script that wrote it")
+    if not os.path.exists(os.path.join(cfg["out_dir"], "log.jsonl")):
+        raise FileNotFoundError(f"{cfg['out_dir']}/log.jsonl is gone: the summary is computed from the whole log, "
+                                f"so this run cannot be resumed; start it again with --overwrite=True")
+    cfg, changed = configurator.resume_config(ckpt["config"], cfg, configurator.given_keys(argv), RESUME_SAFE,
+                                              per_call=("stop_step", "debug"))
+    if changed:
+        print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+    return cfg, ckpt, changed
+
+
+def reference_curve(cfg):
+    """The val curve {step: val loss} of the finished 1-loop reference run in
+    --reference, after checking that it was trained and evaluated like this run:
+    one loop, same data, recipe, lr, budget, sizes and eval set."""
+    folder = cfg["reference"]
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            ref = json.load(f)
+        with open(os.path.join(folder, "summary.json")) as f:
+            finished = "final_val_loss" in json.load(f)
+        records = training.read_log(folder)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"--reference={folder} is not a finished run folder ({e})") from None
+    if not finished:
+        raise FileNotFoundError(f"--reference={folder}: its summary.json has no final_val_loss")
+    keys = ["data", "optim", "lr", "lr_mult", "max_steps", "batch_size", "block_size", "n_layer", "n_embd",
+            "eval_interval"] + (["listops_val", "listops_depth"] if cfg["data"] == "listops" else ["eval_batches"])
+    differ = [k for k in keys if ref.get(k) != cfg[k]]
+    if ref.get("n_loops") != 1 or differ:
+        raise ValueError(f"--reference={folder} must be a 1-loop run trained like this one; it has "
+                         f"n_loops={ref.get('n_loops')}" + (f" and differs in {differ}" if differ else ""))
+    return val_curve(records)
