@@ -180,6 +180,17 @@ def residual_statistics(steps, n_loops):
             "max_residual_norm": float(res.max())}
 
 
+def verdict_line(summary):
+    """One line that says what a finished run showed: its final val loss against the
+    unigram entropy (the loss of a model that ignores context), and the residual peak."""
+    s = summary
+    outcome = {"nan": f"stopped by a NaN at step {s['nan_step']}",
+               "plateau": "it did not learn (the train loss stayed at the context-free level)"}
+    return (f"{s['variant']}, {s['n_loops']} loops: final val loss {s['final_val_loss']:.3f} nats/token against "
+            f"{s['unigram_entropy']:.3f} for a model that ignores context (the unigram entropy): "
+            f"{outcome.get(s['diverged_reason'], 'it learned')}; residual norm peak {s['max_residual_norm']:.0f}")
+
+
 def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
     """The summary's collapse fields, given --reference=DIR (a finished 1-loop run, same
     data, recipe, lr, budget and eval set): collapse, the rule on the run's whole val

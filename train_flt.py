@@ -453,6 +453,7 @@ def finish(r, nan_stop):
     r.log.summary(summary)
     if rt.master:
         r.say(training.to_json({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        r.say(flt_report.verdict_line(summary))
         if r.is_bytes and cfg["sample_tokens"] and nan_stop is None:
             prompt = torch.tensor([list(b"The ")], device=rt.device)
             out = r.raw.generate(prompt, cfg["sample_tokens"], temperature=0.8, top_k=40)[0].tolist()

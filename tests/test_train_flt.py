@@ -468,3 +468,12 @@ def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
     runs += [fake(1, "LT_i", 6, 1.91, 1.88), fake(3, "LT_i", 6, 1.86, 1.84)]
     paired = flt_report.paired_table(runs)                 # seeds 1 and 3 have both: +0.010, -0.020
     assert len(paired) == 3 and "| LT_i | 6 | 1.0 | 1, 3 | -0.005 ± 0.021 (0.010, -0.020) |" in paired[2]
+
+
+def test_verdict_line_says_learned_plateau_or_nan_from_made_up_summaries():
+    base = dict(variant="LT", n_loops=12, final_val_loss=3.326, unigram_entropy=3.281, max_residual_norm=123.4,
+                nan_step=None)
+    line = flt_report.verdict_line(dict(base, diverged_reason="plateau"))
+    assert line.startswith("LT, 12 loops: final val loss 3.326") and "did not learn" in line and "peak 123" in line
+    assert "it learned" in flt_report.verdict_line(dict(base, diverged_reason=None, final_val_loss=2.2))
+    assert "NaN at step 7" in flt_report.verdict_line(dict(base, diverged_reason="nan", nan_step=7))
