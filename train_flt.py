@@ -213,7 +213,7 @@ def main(argv=None):
     # The run folder: a run refuses an out_dir that holds another run's results (--overwrite=True
     # replaces them) and writes nothing there until its flags, data and model have been checked.
     resume = cfg["init_from"] == "resume"
-    with training.RunFolder(cfg["out_dir"], "train_flt.py", RUN_FILES, cfg["overwrite"], resume) as folder:
+    with training.RunFolder(cfg["out_dir"], "train_flt.py", cfg["overwrite"], resume) as folder:
         run = setup_run(cfg, argv, folder)
         try:
             nan_stop = train(run)
@@ -222,8 +222,6 @@ def main(argv=None):
         return finish(run, nan_stop)
 
 
-# What a run writes besides config.json, log.jsonl, summary.json, ckpt.pt: flt_report.py's figures and table.
-RUN_FILES = ("flt_*.png", "compare.md")
 
 
 @dataclass

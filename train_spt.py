@@ -433,10 +433,6 @@ def evaluate(objective, ds, cfg, rt, phase):
 # The run: SPT, then finetuning, then the test accuracy and the figures
 
 PHASES = ("spt", "finetune")
-# The files a run writes besides training.RESULT_FILES (a folder without a manifest.json
-# is taken over on resume only if it holds nothing else).
-RUN_FILES = ("spt_best.pt", "finetune_best.pt", "spt_epoch*.pt", "snapshots.jsonl", "curves.png",
-             "attention_*.png", "proximity.png")
 
 
 @dataclass
@@ -457,7 +453,7 @@ def main(argv=None):
         return analysis.report(cfg["report"], cfg["out_dir"])
     cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
     resume = cfg["init_from"] == "resume"
-    with RunFolder(cfg["out_dir"], "train_spt.py", RUN_FILES, cfg["overwrite"], resume) as folder:
+    with RunFolder(cfg["out_dir"], "train_spt.py", cfg["overwrite"], resume) as folder:
         ckpt = None
         if resume:                                  # the folder given, the checkpoint's config
             ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))

@@ -14,7 +14,6 @@ script shows only its own experiment (the command line is configurator.py's):
 
 import errno
 import fcntl
-import fnmatch
 import gc
 import hashlib
 import json
@@ -576,7 +575,7 @@ RESULT_FILES = ("config.json", "log.jsonl", "summary.json", "ckpt.pt")
 
 
 class RunFolder:
-    """The run's out_dir: `with RunFolder(out_dir, script, names, ...) as folder:`. On
+    """The run's out_dir: `with RunFolder(out_dir, script, overwrite, resume) as folder:`. On
     entry (rank 0 only, before any data is read) it creates the folder if needed and
     takes its lock, an flock on run.lock that the kernel drops when this process ends,
     however it ends. Holding it, it accepts the folder only if it is empty or its
@@ -585,12 +584,10 @@ class RunFolder:
     reused only with resume or overwrite. begin(), called once every check has passed,
     writes the manifest, removes temp files of dead writers and, when overwriting, the
     files the old run's manifest lists. On exit the lock is released, and a folder this
-    run created and never wrote to is removed: a refused run leaves nothing.
-    `names` (glob patterns) are the files a run of this script writes: a folder written
-    before runs had a manifest is taken over on resume if it holds only those."""
+    run created and never wrote to is removed: a refused run leaves nothing."""
 
-    def __init__(self, out_dir, script, names=(), overwrite=False, resume=False):
-        self.dir, self.script, self.names = out_dir, script, RESULT_FILES + ("command.txt",) + tuple(names)
+    def __init__(self, out_dir, script, overwrite=False, resume=False):
+        self.dir, self.script = out_dir, script
         self.overwrite, self.resume, self.created, self.lock = overwrite, resume, False, None
         self.master = is_master()
         self.manifest = None
@@ -644,7 +641,7 @@ class RunFolder:
         known to be this script's run folder, free, and of the state this call asks for."""
         m = read_manifest(self.dir)
         if m is None:
-            m = self._new_or_legacy()
+            self._refuse_unknown_files()
         elif m["script"] != self.script:
             raise FileExistsError(f"--out_dir={self.dir} holds a run of another script ({m['script']}); use that "
                                   f"script, or choose another --out_dir")
@@ -665,26 +662,19 @@ class RunFolder:
                                   f"--out_dir, continue it with --init_from=resume, or replace it with --overwrite=True")
         return m
 
-    def _new_or_legacy(self):
-        """No manifest: an empty folder starts a new run; a run written before manifests
-        existed (only this script's file names, and a checkpoint) is taken over on resume."""
+    def _refuse_unknown_files(self):
+        """No manifest: only an empty folder can become a run folder."""
         present = foreign_files(self.dir, None)
-        legacy = self.resume and "ckpt.pt" in present and all(
-            any(fnmatch.fnmatch(n, p) for p in self.names) and os.path.isfile(os.path.join(self.dir, n))
-            and not os.path.islink(os.path.join(self.dir, n)) for n in present)
-        if present and not legacy:
+        if present:
             names = f"{', '.join(present[:4])}{', ...' if len(present) > 4 else ''}"
             raise FileExistsError(f"--out_dir={self.dir} holds files ({names}) but no {MANIFEST}, so it is not a "
-                                  f"run folder of this project; choose an empty or new --out_dir")
-        return dict(script=self.script, run=None, files=present) if legacy else None
+                                  f"run folder of this project's scripts; choose an empty or new --out_dir")
 
     def begin(self):
         """Every check passed: write the manifest, remove dead writers' temp files and,
         with overwrite, the files the earlier run's manifest lists."""
         if self.master:
             old = self.manifest
-            if old is not None and old.get("run") is None:                  # a legacy run taken over
-                old["run"] = f"{os.path.basename(os.path.abspath(self.dir))}-legacy"
             fresh = old is None or (self.overwrite and not self.resume)
             self.manifest = Manifest(self.dir, self.script, None if fresh else old)
             if old is not None and fresh:

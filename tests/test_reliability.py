@@ -243,7 +243,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
     def interrupt(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(train_spt, "end_of_epoch", interrupt)
+    monkeypatch.setattr(train_spt.Phase, "end_of_epoch", interrupt)
     with pytest.raises(SystemExit) as e:
         run_cli(train_spt.main, [*SPT, f"--out_dir={tmp_path}/o"])
     assert e.value.code == 130
