@@ -9,9 +9,10 @@ arrays (train, val) that get_batch draws from:
   a text file its bytes, 90% train / 10% val
   a folder    nanoGPT-style train.bin / val.bin of uint16 token ids
 
-Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_value
-(the evaluator), listops_expression, listops_corpus, load_data (the switch),
-get_batch (training batches), eval_set (the fixed eval set), unigram_entropy (the
+Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache),
+listops_expression, listops_corpus (its answers by data_lra.listops_value, the
+evaluator the LRA ListOps task uses too), load_data (the switch), get_batch
+(training batches), eval_set (the fixed eval set), unigram_entropy (the
 context-free loss).
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import data_lra
 import training
 
 # The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
@@ -99,43 +101,11 @@ def _sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-# ListOps' four operators (Nangia & Bowman 2018, as in LRA) on the digits 0-9; the median
-# of an even count is the mean of the middle two, truncated to an int.
-LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}
-
-
-def listops_value(tokens):
-    """The value of a ListOps expression given as tokens, parens left out:
-    ['[MAX', '2', '[SM', '3', '9', ']', '0', ']'] -> 2. ValueError if it is not one
-    complete expression."""
-    value, end = _evaluate(list(tokens), 0)
-    if end != len(tokens):
-        raise ValueError(f"not one complete expression: {' '.join(tokens)!r}")
-    return value
-
-
-def _evaluate(tokens, i):
-    """(value of the sub-expression starting at tokens[i], index just after it)."""
-    if i >= len(tokens):
-        raise ValueError("the expression ends early")
-    if len(tokens[i]) == 1 and tokens[i].isdigit():
-        return int(tokens[i]), i + 1
-    if tokens[i] not in LISTOPS_OPS:
-        raise ValueError(f"unknown token {tokens[i]!r}")
-    args, j = [], i + 1
-    while j < len(tokens) and tokens[j] != "]":
-        value, j = _evaluate(tokens, j)
-        args.append(value)
-    if j == len(tokens) or not args:
-        raise ValueError(f"{tokens[i]} needs arguments and a closing ']'")
-    return LISTOPS_OPS[tokens[i]](args), j + 1
-
-
 def listops_expression(rng, depth):
     """A random ListOps expression as tokens (parens left out): an operator over 2
     or 3 arguments, each a digit or, while depth > 1, with probability 1/2 a nested
     expression."""
-    ops = list(LISTOPS_OPS)
+    ops = list(data_lra.LISTOPS_OPS)
     args = [listops_expression(rng, depth - 1) if depth > 1 and rng.random() < 0.5 else [str(rng.integers(10))]
             for _ in range(rng.integers(2, 4))]
     return [ops[rng.integers(len(ops))], *sum(args, []), "]"]
@@ -155,7 +125,7 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
         if draw - last_new > 20_000:                          # none new in 20,000 draws: as many as there are
             break
         tokens = listops_expression(rng, depth)
-        text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
+        text = f"{' '.join(tokens)}={data_lra.listops_value(tokens)}".encode()
         if len(text) <= block_size + 1 and text not in seen:
             seen.add(text)
             xy = np.full((2, block_size), -1, dtype=np.int64)

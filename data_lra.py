@@ -66,7 +66,6 @@ BYTE_PAD, BYTE_MASK, BYTE_VOCAB = 256, 257, 258  # pixels and bytes
 LISTOPS_TOKENS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {t: i for i, t in enumerate(LISTOPS_TOKENS)}
 LISTOPS_PAD, LISTOPS_MASK, LISTOPS_VOCAB = 15, 16, 17
-LISTOPS_OPS = ["[MIN", "[MAX", "[MED", "[SM"]
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 SPLITS = ("train", "val", "test")
@@ -370,9 +369,16 @@ LISTOPS_VERSION = 1
 LEAF_P, MAX_DEPTH, MAX_ARGS, MIN_LENGTH, MAX_LENGTH = 0.75, 10, 10, 500, 2000
 
 
+# The four operators on the digits 0-9, in the order of their ids (10..13); the median
+# of an even count is the mean of the middle two, truncated to an int.
+LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}
+
+
 def listops_value(tokens):
-    """Evaluate a tokenised expression (parens removed), e.g. ['[MAX', '2', '9', ']'] -> 9."""
-    stack, result = [], []
+    """The value of a ListOps expression given as tokens, parens left out:
+    ['[MAX', '2', '[SM', '3', '9', ']', '0', ']'] -> 2. One pass with a stack, so any
+    depth; ValueError if it is not one complete expression."""
+    tokens, stack, result = list(tokens), [], []
     for t in tokens:
         if t in LISTOPS_OPS:
             stack.append((t, []))
@@ -382,15 +388,13 @@ def listops_value(tokens):
             op, args = stack.pop()
             if not args:
                 raise ValueError(f"{op} without arguments")
-            value = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10,
-                     "[MED": lambda a: int(np.median(a))}[op](args)
-            (stack[-1][1] if stack else result).append(value)
+            (stack[-1][1] if stack else result).append(LISTOPS_OPS[op](args))
         elif t.isdigit() and len(t) == 1:
             (stack[-1][1] if stack else result).append(int(t))
         else:
             raise ValueError(f"unknown token {t!r}")
     if stack or len(result) != 1:
-        raise ValueError("not one complete expression")
+        raise ValueError(f"not one complete expression: {' '.join(tokens)!r}")
     return result[0]
 
 
