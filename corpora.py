@@ -17,8 +17,6 @@ context-free loss).
 """
 
 import ast
-import hashlib
-import json
 import os
 import sysconfig
 
@@ -67,38 +65,22 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 def prepare_stdlib(data_dir, root=None):
     """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
     representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
-    A sidecar stdlib.json holds the recipe version and each file's size and sha256;
+    A sidecar stdlib.json holds the recipe version and each file's sha256 (data_lra.write_sidecar);
     a cache that disagrees with it (truncated, edited, older) is rebuilt."""
-    paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
-    sidecar = os.path.join(data_dir, "stdlib.json")
-    if not _stdlib_cache_ok(sidecar, paths):
+    paths = [os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")]
+    sidecar, key = os.path.join(data_dir, "stdlib.json"), dict(corpus="stdlib", version=STDLIB_VERSION)
+    if not data_lra.sidecar_matches(sidecar, key, paths):
         docs = stdlib_docstrings(root)
         order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
         raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
-        for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
+        for path, part in zip(paths, (raw[:n], raw[n:])):
             training.atomic_write(path, part.tofile)
-        training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
-            k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
+        data_lra.write_sidecar(sidecar, key, paths)
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
               f"into {data_dir}/train.bin, val.bin")
-    return np.fromfile(paths["train"], dtype=np.uint8), np.fromfile(paths["val"], dtype=np.uint8)
-
-
-def _stdlib_cache_ok(sidecar, paths):
-    try:
-        with open(sidecar) as f:
-            meta = json.load(f)
-        return meta["version"] == STDLIB_VERSION and all(
-            meta["files"][k] == [os.path.getsize(p), _sha256(p)] for k, p in paths.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return tuple(np.fromfile(p, dtype=np.uint8) for p in paths)
 
 
 def listops_expression(rng, depth):

@@ -526,6 +526,7 @@ def _atomic_write_text(path, text):
 # the cache of generated data: files plus a JSON sidecar written last, holding the
 # key (version, seed, n, ...) and each file's sha256, so that a stale, truncated or
 # half-written cache is detected and generated again. Every write is atomic.
+# corpora.py caches the stdlib corpus the same way, with these two functions.
 
 
 def _sha256(path):
@@ -536,19 +537,23 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _cache_ok(sidecar, key, files):
+def sidecar_matches(path, key, files):
+    """True if the sidecar at `path` holds exactly `key` and each file's current sha256;
+    False if it or a file is missing, unreadable, of another key or another content."""
     try:
-        with open(sidecar) as f:
+        with open(path) as f:
             meta = json.load(f)
         return meta["key"] == key and all(meta["sha256"][os.path.basename(p)] == _sha256(p) for p in files)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _write_sidecar(sidecar, key, files):
+def write_sidecar(path, key, files):
+    """Write the sidecar of `files` (after them, atomically): `key` (a JSON dict saying
+    what the files were made with) and each file's sha256 under its name."""
     import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
-    _atomic_write_text(sidecar, training.to_json(meta, indent=1))
+    _atomic_write_text(path, training.to_json(meta, indent=1))
 
 
 def _split_80_10_10(n, split, seed=0):
@@ -568,7 +573,7 @@ def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
     root = generated_listops_dir(data_dir, n, seed)
     files = [os.path.join(root, "listops-1000", f"basic_{s}.tsv") for s in SPLITS]
     sidecar, key = os.path.join(root, "cache.json"), dict(version=LISTOPS_VERSION, seed=seed, n=n)
-    if _cache_ok(sidecar, key, files):
+    if sidecar_matches(sidecar, key, files):
         return root
     print(f"data_lra: generating ListOps (n={n}, seed={seed}) into {root} (once; cached for later runs)")
     rows = generate_listops(n, seed, progress=progress)
@@ -576,7 +581,7 @@ def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
     n_train = n - 2 * n_val
     for path, part in zip(files, (rows[:n_train], rows[n_train:n_train + n_val], rows[n_train + n_val:])):
         write_listops_tsv(path, part)
-    _write_sidecar(sidecar, key, files)
+    write_sidecar(sidecar, key, files)
     return root
 
 
@@ -747,7 +752,7 @@ def generated_pathfinder_path(data_dir, n=200_000, seed=0, difficulty="contour_l
 def _load_npz(path, key):
     """Cached arrays (images, labels, margins if saved), or None if missing, stale or damaged."""
     sidecar = path + ".json"
-    if not _cache_ok(sidecar, key, [path]):
+    if not sidecar_matches(sidecar, key, [path]):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -765,7 +770,7 @@ def _save_npz(path, key, **arrays):
     import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path), exist_ok=True)
     training.atomic_write(path, lambda f: np.savez(f, **arrays))
-    _write_sidecar(path + ".json", key, [path])
+    write_sidecar(path + ".json", key, [path])
 
 
 def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32, progress=True,

@@ -164,6 +164,22 @@ def test_stdlib_docstrings_are_gathered_deduplicated_and_cached(tmp_path):
     assert os.path.exists(tmp_path / "cache" / "train.bin") and os.path.exists(tmp_path / "cache" / "val.bin")
 
 
+def test_stdlib_cache_is_reused_and_rebuilt_when_damaged_or_of_another_format(tmp_path, monkeypatch):
+    root, cache = tmp_path / "lib", tmp_path / "cache"
+    root.mkdir()
+    (root / "mod.py").write_text('"""Module doc."""\ndef f():\n    """Function doc."""\n')
+    train, val = corpora.prepare_stdlib(str(cache), root=str(root))
+    gathered = []
+    monkeypatch.setattr(corpora, "stdlib_docstrings", lambda r: gathered.append(r) or ["Module doc.", "Function doc."])
+    assert all(map(np.array_equal, corpora.prepare_stdlib(str(cache), root=str(root)), (train, val)))
+    assert gathered == []                                            # a valid cache is read, not rebuilt
+    for damage in (lambda: (cache / "val.bin").write_bytes(b"x"),    # an edited file
+                   lambda: (cache / "stdlib.json").write_text('{"version": 1, "files": {}}')):   # another format
+        damage()
+        assert all(map(np.array_equal, corpora.prepare_stdlib(str(cache), root=str(root)), (train, val)))
+    assert len(gathered) == 2
+
+
 def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     a, _ = run(tmp_path, text_file, "a", "--max_steps=3", "--variant=LT")
     b, _ = run(tmp_path, text_file, "b", "--max_steps=3", "--variant=FLT", "--n_loops=3")
