@@ -26,10 +26,12 @@ def run(out_dir, *flags):
 
 @pytest.fixture(scope="module")
 def spt_vs_scratch(tmp_path_factory):
-    """Equal supervised steps (5 epochs x 100), with and without 5 epochs of SPT first,
-    from the paper's premise of uniform attention at init (init=gpt2: scores std ~0.02)."""
+    """Equal supervised steps (5 epochs x 150, batch 32), with and without 5 epochs of SPT
+    first, from the paper's premise of uniform attention at init (init=gpt2: scores std ~0.02).
+    On our CPU: best val 0.812 against 0.494, test 0.834 against 0.520."""
     base = tmp_path_factory.mktemp("runs")
-    flags = ["--n_train=6400", "--n_eval=1000", "--epochs=5", "--lr=3e-3", "--log_every=10", "--init=gpt2"]
+    flags = ["--n_train=4800", "--batch_size=32", "--n_eval=1000", "--epochs=5", "--lr=3e-3", "--log_every=10",
+             "--init=gpt2"]
     spt = run(base / "spt", *flags, "--pretrain_epochs=5")
     scratch = run(base / "scratch", *flags, "--pretrain_epochs=0")
     return base, spt, scratch
@@ -40,7 +42,7 @@ def test_spt_then_finetune_beats_training_from_scratch(spt_vs_scratch):
     assert scratch["best_val_acc"] < 0.60                  # label supervision alone: near chance
     assert spt["best_val_acc"] > scratch["best_val_acc"] + 0.15
     assert spt["test_acc"] > scratch["test_acc"] + 0.10
-    assert spt["steps"] == scratch["steps"] == 500
+    assert spt["steps"] == scratch["steps"] == 750
 
 
 def test_spt_recovers_proximity_attention(spt_vs_scratch):
