@@ -198,6 +198,7 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
 
 
+@pytest.mark.slow   # two processes: with the DDP tests of train_spt.py in `pytest -m slow`, as the README says
 def test_ddp_two_processes_gloo_keep_identical_weights(tmp_path, text_file):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1")
