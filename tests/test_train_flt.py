@@ -44,6 +44,7 @@ def run(tmp_path, text_file, name="run", *extra):
 def test_configurator_rejects_bad_keys_through_the_script():
     bad = subprocess.run([sys.executable, "train_flt.py", "--n_loop=12"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown key 'n_loop'" in bad.stderr and "n_loops" in bad.stderr
+    assert bad.stderr.strip().startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1   # no traceback
     with pytest.raises(ValueError, match="wrong type"):
         train_flt.main(["--n_loops=twelve"])
     helped = subprocess.run([sys.executable, "train_flt.py", "--help"], cwd=ROOT, capture_output=True, text=True)

@@ -179,6 +179,7 @@ def test_command_line_error_is_one_clear_line():
     assert result.returncode != 0
     assert "unknown parameter group 'attention'" in result.stderr
     assert "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
 
 
 def launch(out_dir, *flags, procs=1):
