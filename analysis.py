@@ -305,21 +305,12 @@ def plot_evolution(rows, path, n_cols=6):
 # -----------------------------------------------------------------------------
 # Runs: figures and tables from run folders (config.json, log.jsonl, summary.json)
 
-def read_records(out_dir):
-    """The records of a run's log.jsonl (a line cut short by a kill is skipped)."""
-    records = []
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
 def plot_curves(out_dir):
+    """curves.png in out_dir: train loss per step, val loss and val accuracy per epoch,
+    from its log.jsonl (training.read_log: a last line cut short by a kill is dropped)."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5))
-    records = read_records(out_dir)
+    records = training.read_log(out_dir)
     for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
         steps = [r for r in records if r.get("phase") == phase and "loss" in r]
         vals = [r for r in records if r.get("phase") == phase and "val_loss" in r]
@@ -360,15 +351,16 @@ def plot_val_accuracy(runs, path, unfinished=()):
     `unfinished` run folders, stopped before their summary). Right: finetuning val accuracy per
     epoch, one line per (run_dir, summary): solid when the run starts from SPT weights
     (its own or a checkpoint's), dashed when from scratch."""
+    import training  # here, not at the top: analysis.py imports alone with model.py
     plt, (fig, (ax_spt, ax)) = plt_figure(1, 2, figsize=(13, 4.2))
     for d in [d for d, _ in runs] + list(unfinished):
-        spt = [r for r in read_records(d) if r.get("phase") == "spt" and "val_loss" in r]
+        spt = [r for r in training.read_log(d) if r.get("phase") == "spt" and "val_loss" in r]
         if spt:
             ax_spt.plot([r["epoch"] for r in spt], [r["val_loss"] for r in spt], "o-", markersize=2,
                         label=os.path.relpath(d) + (" (stopped)" if d in unfinished else ""))
     for d, s in runs:
         spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
-        vals = [r for r in read_records(d) if r.get("phase") == "finetune" and "val_acc" in r]
+        vals = [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
         if vals:
             ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
                     label=os.path.relpath(d), markersize=3)

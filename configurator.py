@@ -155,10 +155,11 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     line (`explicit`) applied when it is in `safe` (it cannot change what was computed so
     far, e.g. lr, max_hours); any other that differs is refused. `per_call` flags (where
     to stop this call) always take this command line's value; init_from keeps the run's
-    own (where its weights came from), and each resume is listed under "resumes".
-    Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
+    own (where its weights came from), and each resume is listed under "resumes". A key
+    the checkpoint lacks takes this command line's value, so a checkpoint saved before a
+    flag existed still resumes. Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
     config, changed, refused = dict(saved), {}, []
-    config.update({k: v for k, v in given.items() if k not in saved})       # keys added to the script since
+    config.update({k: v for k, v in given.items() if k not in saved})       # flags the checkpoint lacks
     for k in explicit:
         if k in ("init_from", "out_dir") or given[k] == saved.get(k):
             continue

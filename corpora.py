@@ -9,15 +9,14 @@ arrays (train, val) that get_batch draws from:
   a text file its bytes, 90% train / 10% val
   a folder    nanoGPT-style train.bin / val.bin of uint16 token ids
 
-Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_value
-(the evaluator), listops_expression, listops_corpus, load_data (the switch),
-get_batch (training batches), eval_set (the fixed eval set), unigram_entropy (the
+Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache),
+listops_expression, listops_corpus (its answers by data_lra.listops_value, the
+evaluator the LRA ListOps task uses too), load_data (the switch), get_batch
+(training batches), eval_set (the fixed eval set), unigram_entropy (the
 context-free loss).
 """
 
 import ast
-import hashlib
-import json
 import os
 import sysconfig
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import data_lra
 import training
 
 # The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
@@ -65,77 +65,29 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 def prepare_stdlib(data_dir, root=None):
     """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
     representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
-    A sidecar stdlib.json holds the recipe version and each file's size and sha256;
+    A sidecar stdlib.json holds the recipe version and each file's sha256 (data_lra.write_sidecar);
     a cache that disagrees with it (truncated, edited, older) is rebuilt."""
-    paths = {name: os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")}
-    sidecar = os.path.join(data_dir, "stdlib.json")
-    if not _stdlib_cache_ok(sidecar, paths):
+    paths = [os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")]
+    sidecar, key = os.path.join(data_dir, "stdlib.json"), dict(corpus="stdlib", version=STDLIB_VERSION)
+    if not data_lra.sidecar_matches(sidecar, key, paths):
         docs = stdlib_docstrings(root)
         order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
         raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
-        for path, part in ((paths["train"], raw[:n]), (paths["val"], raw[n:])):
+        for path, part in zip(paths, (raw[:n], raw[n:])):
             training.atomic_write(path, part.tofile)
-        training.write_json(sidecar, dict(version=STDLIB_VERSION, files={
-            k: [os.path.getsize(p), _sha256(p)] for k, p in paths.items()}))
+        data_lra.write_sidecar(sidecar, key, paths)
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
               f"into {data_dir}/train.bin, val.bin")
-    return np.fromfile(paths["train"], dtype=np.uint8), np.fromfile(paths["val"], dtype=np.uint8)
-
-
-def _stdlib_cache_ok(sidecar, paths):
-    try:
-        with open(sidecar) as f:
-            meta = json.load(f)
-        return meta["version"] == STDLIB_VERSION and all(
-            meta["files"][k] == [os.path.getsize(p), _sha256(p)] for k, p in paths.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-# ListOps' four operators (Nangia & Bowman 2018, as in LRA) on the digits 0-9; the median
-# of an even count is the mean of the middle two, truncated to an int.
-LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}
-
-
-def listops_value(tokens):
-    """The value of a ListOps expression given as tokens, parens left out:
-    ['[MAX', '2', '[SM', '3', '9', ']', '0', ']'] -> 2. ValueError if it is not one
-    complete expression."""
-    value, end = _evaluate(list(tokens), 0)
-    if end != len(tokens):
-        raise ValueError(f"not one complete expression: {' '.join(tokens)!r}")
-    return value
-
-
-def _evaluate(tokens, i):
-    """(value of the sub-expression starting at tokens[i], index just after it)."""
-    if i >= len(tokens):
-        raise ValueError("the expression ends early")
-    if len(tokens[i]) == 1 and tokens[i].isdigit():
-        return int(tokens[i]), i + 1
-    if tokens[i] not in LISTOPS_OPS:
-        raise ValueError(f"unknown token {tokens[i]!r}")
-    args, j = [], i + 1
-    while j < len(tokens) and tokens[j] != "]":
-        value, j = _evaluate(tokens, j)
-        args.append(value)
-    if j == len(tokens) or not args:
-        raise ValueError(f"{tokens[i]} needs arguments and a closing ']'")
-    return LISTOPS_OPS[tokens[i]](args), j + 1
+    return tuple(np.fromfile(p, dtype=np.uint8) for p in paths)
 
 
 def listops_expression(rng, depth):
     """A random ListOps expression as tokens (parens left out): an operator over 2
     or 3 arguments, each a digit or, while depth > 1, with probability 1/2 a nested
     expression."""
-    ops = list(LISTOPS_OPS)
+    ops = list(data_lra.LISTOPS_OPS)
     args = [listops_expression(rng, depth - 1) if depth > 1 and rng.random() < 0.5 else [str(rng.integers(10))]
             for _ in range(rng.integers(2, 4))]
     return [ops[rng.integers(len(ops))], *sum(args, []), "]"]
@@ -155,7 +107,7 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
         if draw - last_new > 20_000:                          # none new in 20,000 draws: as many as there are
             break
         tokens = listops_expression(rng, depth)
-        text = f"{' '.join(tokens)}={listops_value(tokens)}".encode()
+        text = f"{' '.join(tokens)}={data_lra.listops_value(tokens)}".encode()
         if len(text) <= block_size + 1 and text not in seen:
             seen.add(text)
             xy = np.full((2, block_size), -1, dtype=np.int64)

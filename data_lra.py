@@ -66,7 +66,6 @@ BYTE_PAD, BYTE_MASK, BYTE_VOCAB = 256, 257, 258  # pixels and bytes
 LISTOPS_TOKENS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {t: i for i, t in enumerate(LISTOPS_TOKENS)}
 LISTOPS_PAD, LISTOPS_MASK, LISTOPS_VOCAB = 15, 16, 17
-LISTOPS_OPS = ["[MIN", "[MAX", "[MED", "[SM"]
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 SPLITS = ("train", "val", "test")
@@ -370,9 +369,16 @@ LISTOPS_VERSION = 1
 LEAF_P, MAX_DEPTH, MAX_ARGS, MIN_LENGTH, MAX_LENGTH = 0.75, 10, 10, 500, 2000
 
 
+# The four operators on the digits 0-9, in the order of their ids (10..13); the median
+# of an even count is the mean of the middle two, truncated to an int.
+LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}
+
+
 def listops_value(tokens):
-    """Evaluate a tokenised expression (parens removed), e.g. ['[MAX', '2', '9', ']'] -> 9."""
-    stack, result = [], []
+    """The value of a ListOps expression given as tokens, parens left out:
+    ['[MAX', '2', '[SM', '3', '9', ']', '0', ']'] -> 2. One pass with a stack, so any
+    depth; ValueError if it is not one complete expression."""
+    tokens, stack, result = list(tokens), [], []
     for t in tokens:
         if t in LISTOPS_OPS:
             stack.append((t, []))
@@ -382,15 +388,13 @@ def listops_value(tokens):
             op, args = stack.pop()
             if not args:
                 raise ValueError(f"{op} without arguments")
-            value = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10,
-                     "[MED": lambda a: int(np.median(a))}[op](args)
-            (stack[-1][1] if stack else result).append(value)
+            (stack[-1][1] if stack else result).append(LISTOPS_OPS[op](args))
         elif t.isdigit() and len(t) == 1:
             (stack[-1][1] if stack else result).append(int(t))
         else:
             raise ValueError(f"unknown token {t!r}")
     if stack or len(result) != 1:
-        raise ValueError("not one complete expression")
+        raise ValueError(f"not one complete expression: {' '.join(tokens)!r}")
     return result[0]
 
 
@@ -522,6 +526,7 @@ def _atomic_write_text(path, text):
 # the cache of generated data: files plus a JSON sidecar written last, holding the
 # key (version, seed, n, ...) and each file's sha256, so that a stale, truncated or
 # half-written cache is detected and generated again. Every write is atomic.
+# corpora.py caches the stdlib corpus the same way, with these two functions.
 
 
 def _sha256(path):
@@ -532,19 +537,23 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _cache_ok(sidecar, key, files):
+def sidecar_matches(path, key, files):
+    """True if the sidecar at `path` holds exactly `key` and each file's current sha256;
+    False if it or a file is missing, unreadable, of another key or another content."""
     try:
-        with open(sidecar) as f:
+        with open(path) as f:
             meta = json.load(f)
         return meta["key"] == key and all(meta["sha256"][os.path.basename(p)] == _sha256(p) for p in files)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _write_sidecar(sidecar, key, files):
+def write_sidecar(path, key, files):
+    """Write the sidecar of `files` (after them, atomically): `key` (a JSON dict saying
+    what the files were made with) and each file's sha256 under its name."""
     import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
-    _atomic_write_text(sidecar, training.to_json(meta, indent=1))
+    _atomic_write_text(path, training.to_json(meta, indent=1))
 
 
 def _split_80_10_10(n, split, seed=0):
@@ -564,7 +573,7 @@ def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
     root = generated_listops_dir(data_dir, n, seed)
     files = [os.path.join(root, "listops-1000", f"basic_{s}.tsv") for s in SPLITS]
     sidecar, key = os.path.join(root, "cache.json"), dict(version=LISTOPS_VERSION, seed=seed, n=n)
-    if _cache_ok(sidecar, key, files):
+    if sidecar_matches(sidecar, key, files):
         return root
     print(f"data_lra: generating ListOps (n={n}, seed={seed}) into {root} (once; cached for later runs)")
     rows = generate_listops(n, seed, progress=progress)
@@ -572,7 +581,7 @@ def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
     n_train = n - 2 * n_val
     for path, part in zip(files, (rows[:n_train], rows[n_train:n_train + n_val], rows[n_train + n_val:])):
         write_listops_tsv(path, part)
-    _write_sidecar(sidecar, key, files)
+    write_sidecar(sidecar, key, files)
     return root
 
 
@@ -743,7 +752,7 @@ def generated_pathfinder_path(data_dir, n=200_000, seed=0, difficulty="contour_l
 def _load_npz(path, key):
     """Cached arrays (images, labels, margins if saved), or None if missing, stale or damaged."""
     sidecar = path + ".json"
-    if not _cache_ok(sidecar, key, [path]):
+    if not sidecar_matches(sidecar, key, [path]):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -761,7 +770,7 @@ def _save_npz(path, key, **arrays):
     import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path), exist_ok=True)
     training.atomic_write(path, lambda f: np.savez(f, **arrays))
-    _write_sidecar(path + ".json", key, [path])
+    write_sidecar(path + ".json", key, [path])
 
 
 def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14", resolution=32, progress=True,

@@ -434,8 +434,10 @@ def write_text(path, text):
 
 
 def read_jsonl(path):
-    """The records of a JSONL file. A last line cut short (the writer was killed
-    mid-write) is dropped with a warning; a bad line anywhere else names file and line."""
+    """The records of a JSONL file (blank lines skipped), for a resume and for a figure of
+    a run that may still be writing: a last line that is not JSON (cut short by a kill, or
+    being written now) is dropped with a warning on stderr; a bad line anywhere else is
+    damage, and raises ValueError naming the file and the line."""
     with open(path) as f:
         lines = [line for line in f if line.strip()]
     records = []

@@ -1,6 +1,7 @@
 """analysis.py on hand-made attention maps (where the right answer is known) and
 on real model.py layers: 1-D and 2-D proximity, score spread, position scores."""
 
+import json
 import math
 
 import pytest
@@ -150,3 +151,12 @@ def test_report_keeps_runs_apart_that_differ_only_in_the_pixel_encoder(tmp_path)
     runs = [(name, analysis.run_summary(tmp_path / name)) for name in ("a", "b")]
     rows = analysis.seed_table(runs).splitlines()[2:]
     assert len(rows) == 2 and "| linear |" in rows[0] and "| token |" in rows[1]
+
+
+def test_curves_are_drawn_from_a_log_whose_last_line_is_still_being_written(tmp_path, capsys):
+    records = [dict(phase="spt", step=1, loss=2.0), dict(phase="spt", epoch=1, val_loss=1.9),
+               dict(phase="finetune", step=2, loss=0.7), dict(phase="finetune", epoch=1, val_loss=0.6, val_acc=0.8)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"phase": "fin')
+    analysis.plot_curves(str(tmp_path))
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert "dropped its last line" in capsys.readouterr().err

@@ -114,13 +114,18 @@ def test_listops_header_only_file_names_the_file(tmp_path):
 @pytest.mark.parametrize("expr, value", [
     ("[MAX 2 9 ]", 9), ("[MIN 4 2 7 ]", 2), ("[MED 1 5 3 ]", 3), ("[MED 1 2 3 4 ]", 2),  # int(2.5)
     ("[MED 9 8 ]", 8), ("[SM 5 7 9 ]", 1), ("[MAX [MIN 3 5 ] [SM 9 9 ] 4 ]", 8),
-    ("[MED [MAX 1 0 ] [MIN 7 9 ] [SM 2 2 ] 0 ]", 2), ("6", 6)])
+    ("[MED [MAX 1 0 ] [MIN 7 9 ] [SM 2 2 ] 0 ]", 2), ("6", 6), ("[MED 3 6 ]", 4), ("[MED 0 1 8 9 ]", 4),
+    ("[SM 8 8 8 ]", 4), ("[MED [SM 9 2 ] [MAX 1 ] 5 ]", 1)])
 def test_listops_evaluator_on_hand_written_expressions(expr, value):
     assert D.listops_value(expr.split()) == value
 
 
+def test_listops_evaluator_takes_any_depth():
+    assert D.listops_value(("[SM " * 5000 + "7" + " ]" * 5000).split()) == 7  # deeper than Python's recursion limit
+
+
 def test_listops_evaluator_rejects_broken_expressions():
-    for broken in ("[MAX 2 9", "2 3", "]", "[MAX ]", "[FOO 1 ]"):
+    for broken in ("[MAX 2 9", "2 3", "]", "[MAX ]", "[FOO 1 ]", "", "[MAX 2 ] ]", "[SM 12 ]"):
         with pytest.raises(ValueError):
             D.listops_value(broken.split())
 

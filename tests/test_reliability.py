@@ -178,16 +178,17 @@ def test_listops_that_cannot_fit_block_size_is_refused_quickly(tmp_path):
     assert status == 1 and "fit block_size=8" in message and not os.path.exists(tmp_path / "o")
 
 
-def test_scripts_print_one_line_and_no_traceback(tmp_path):
-    for script, flags in (("train_spt.py", ["--task=synthetic", "--batch_size=0"]),
-                          ("train_flt.py", ["--n_head=3", f"--out_dir={tmp_path}/o"])):
-        proc = subprocess.run([sys.executable, script, *flags], cwd=ROOT, capture_output=True, text=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
-        assert proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
-    debug = subprocess.run([sys.executable, "train_spt.py", "--task=synthetic", "--batch_size=0", "--debug=True"],
-                           cwd=ROOT, capture_output=True, text=True)
-    assert "Traceback" in debug.stderr                            # --debug=True shows it
+def test_debug_shows_the_traceback_that_the_one_line_error_hides(tmp_path):
+    """A user error is one line 'error: ...' (on each script's real entry point too:
+    test_command_line_error_is_one_clear_line for train_spt.py and
+    test_configurator_rejects_bad_keys_through_the_script for train_flt.py); --debug=True
+    shows the traceback instead."""
+    argv = [sys.executable, "train_spt.py", "--task=synthetic", "--batch_size=0"]
+    for status, message in (cli(train_spt, *argv[2:]), cli(train_flt, "--n_head=3", f"--out_dir={tmp_path}/o")):
+        assert status == 1 and message.startswith("error: ") and "\n" not in message
+    debug = subprocess.run(argv + ["--debug=True"], cwd=ROOT, capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
 # -----------------------------------------------------------------------------

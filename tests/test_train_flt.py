@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import corpora  # noqa: E402
+import data_lra  # noqa: E402
 import flt_report  # noqa: E402
 import flt_settings  # noqa: E402
 import train_flt  # noqa: E402
@@ -44,6 +45,7 @@ def run(tmp_path, text_file, name="run", *extra):
 def test_configurator_rejects_bad_keys_through_the_script():
     bad = subprocess.run([sys.executable, "train_flt.py", "--n_loop=12"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown key 'n_loop'" in bad.stderr and "n_loops" in bad.stderr
+    assert bad.stderr.strip().startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1   # no traceback
     with pytest.raises(ValueError, match="wrong type"):
         train_flt.main(["--n_loops=twelve"])
     helped = subprocess.run([sys.executable, "train_flt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
@@ -163,6 +165,22 @@ def test_stdlib_docstrings_are_gathered_deduplicated_and_cached(tmp_path):
     assert os.path.exists(tmp_path / "cache" / "train.bin") and os.path.exists(tmp_path / "cache" / "val.bin")
 
 
+def test_stdlib_cache_is_reused_and_rebuilt_when_damaged_or_of_another_format(tmp_path, monkeypatch):
+    root, cache = tmp_path / "lib", tmp_path / "cache"
+    root.mkdir()
+    (root / "mod.py").write_text('"""Module doc."""\ndef f():\n    """Function doc."""\n')
+    train, val = corpora.prepare_stdlib(str(cache), root=str(root))
+    gathered = []
+    monkeypatch.setattr(corpora, "stdlib_docstrings", lambda r: gathered.append(r) or ["Module doc.", "Function doc."])
+    assert all(map(np.array_equal, corpora.prepare_stdlib(str(cache), root=str(root)), (train, val)))
+    assert gathered == []                                            # a valid cache is read, not rebuilt
+    for damage in (lambda: (cache / "val.bin").write_bytes(b"x"),    # an edited file
+                   lambda: (cache / "stdlib.json").write_text('{"version": 1, "files": {}}')):   # another format
+        damage()
+        assert all(map(np.array_equal, corpora.prepare_stdlib(str(cache), root=str(root)), (train, val)))
+    assert len(gathered) == 2
+
+
 def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     a, _ = run(tmp_path, text_file, "a", "--max_steps=3", "--variant=LT")
     b, _ = run(tmp_path, text_file, "b", "--max_steps=3", "--variant=FLT", "--n_loops=3")
@@ -187,6 +205,7 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
         train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
 
 
+@pytest.mark.slow   # two processes: with the DDP tests of train_spt.py in `pytest -m slow`, as the README says
 def test_ddp_two_processes_gloo_keep_identical_weights(tmp_path, text_file):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -358,7 +377,7 @@ def test_listops_loss_and_accuracy_read_only_the_answer():
         (pos,) = np.nonzero(y >= 0)[0]                     # exactly one target per row ...
         text = bytes(x[:pos + 1].tolist()).decode()
         assert text.endswith("=")                          # ... the one after '=' ...
-        assert y[pos] - ord("0") == corpora.listops_value(text[:-1].split())   # ... and it is the value
+        assert y[pos] - ord("0") == data_lra.listops_value(text[:-1].split())   # ... and it is the value
     torch.manual_seed(0)
     model = LoopedTransformer(train_flt.LoopedConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2,
                                                      n_embd=16, n_loops=2, lm_head_std=0.5))
@@ -373,25 +392,6 @@ def test_listops_loss_and_accuracy_read_only_the_answer():
     assert math.isclose(ev["loss"][-1], loss.item(), rel_tol=1e-5) and len(ev["loss"]) == 2
     want = (logits.argmax(-1) == y)[at].float().mean().item()
     assert math.isclose(ev["accuracy"][-1], want)
-
-
-def test_listops_evaluator_follows_the_listops_semantics():
-    """MIN, MAX, MED = int of the median (of an even count: the middle two's mean,
-    truncated), SM = sum mod 10, nested to any depth."""
-    cases = {"[MIN 7 3 8 ]": 3, "[MAX 0 4 ]": 4, "[MED 2 9 4 ]": 4, "[MED 3 6 ]": 4, "[MED 0 1 8 9 ]": 4,
-             "[SM 8 8 8 ]": 4, "[SM [MAX 5 6 ] [MIN 9 7 ] ]": 3, "[MED [SM 9 2 ] [MAX 1 ] 5 ]": 1, "0": 0}
-    assert {e: corpora.listops_value(e.split()) for e in cases} == cases
-
-
-def test_listops_evaluator_agrees_with_the_lra_loader_and_rejects_broken_expressions():
-    import data_lra
-    rng = np.random.default_rng(3)
-    for _ in range(300):
-        tokens = corpora.listops_expression(rng, 4)
-        assert corpora.listops_value(tokens) == data_lra.listops_value(tokens)
-    for broken in ("[MAX 2 9", "2 3", "]", "[MAX ]", "[FOO 1 ]", ""):
-        with pytest.raises(ValueError):
-            corpora.listops_value(broken.split())
 
 
 def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):

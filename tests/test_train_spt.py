@@ -27,10 +27,12 @@ def run(out_dir, *flags):
 
 @pytest.fixture(scope="module")
 def spt_vs_scratch(tmp_path_factory):
-    """Equal supervised steps (5 epochs x 100), with and without 5 epochs of SPT first,
-    from the paper's premise of uniform attention at init (init=gpt2: scores std ~0.02)."""
+    """Equal supervised steps (5 epochs x 150, batch 32), with and without 5 epochs of SPT
+    first, from the paper's premise of uniform attention at init (init=gpt2: scores std ~0.02).
+    On our CPU: best val 0.812 against 0.494, test 0.834 against 0.520."""
     base = tmp_path_factory.mktemp("runs")
-    flags = ["--n_train=6400", "--n_eval=1000", "--epochs=5", "--lr=3e-3", "--log_every=10", "--init=gpt2"]
+    flags = ["--n_train=4800", "--batch_size=32", "--n_eval=1000", "--epochs=5", "--lr=3e-3", "--log_every=10",
+             "--init=gpt2"]
     spt = run(base / "spt", *flags, "--pretrain_epochs=5")
     scratch = run(base / "scratch", *flags, "--pretrain_epochs=0")
     return base, spt, scratch
@@ -41,7 +43,7 @@ def test_spt_then_finetune_beats_training_from_scratch(spt_vs_scratch):
     assert scratch["best_val_acc"] < 0.60                  # label supervision alone: near chance
     assert spt["best_val_acc"] > scratch["best_val_acc"] + 0.15
     assert spt["test_acc"] > scratch["test_acc"] + 0.10
-    assert spt["steps"] == scratch["steps"] == 500
+    assert spt["steps"] == scratch["steps"] == 750
 
 
 def test_spt_recovers_proximity_attention(spt_vs_scratch):
@@ -125,7 +127,9 @@ def losses(out_dir):
             if "event" not in r]                      # the resume record is the only difference
 
 
-@pytest.mark.parametrize("halt_at", [7, 27])   # inside SPT; inside finetuning
+# A halt inside SPT is also checked, bit-exactly and with dropout, by test_reliability's three
+# halts; the one inside finetuning only here.
+@pytest.mark.parametrize("halt_at", [pytest.param(7, marks=pytest.mark.slow), 27])   # inside SPT; finetuning
 def test_resume_continues_a_killed_run_exactly(tmp_path, halt_at):
     flags = ["--n_train=640", "--n_eval=128", "--pretrain_epochs=2", "--epochs=2", "--ckpt_every=3"]
     straight = run(tmp_path / "a", *flags)
@@ -176,6 +180,7 @@ def test_command_line_error_is_one_clear_line():
     assert result.returncode != 0
     assert "unknown parameter group 'attention'" in result.stderr
     assert "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
 
 
 def launch(out_dir, *flags, procs=1):
@@ -219,9 +224,9 @@ def test_report_averages_runs_that_differ_only_in_seed():
     assert "| 20 |" in rows[2] and "| 1 | 0.400 +- 0.000 |" in rows[2]
 
 
-# --preset=cpu: the CPU-scale LRA setting, shrunk to 20 steps
-PRESET_20_STEPS = ["--preset=cpu", "--n_train=80", "--n_eval=16", "--batch_size=8", "--pretrain_epochs=1",
-                   "--epochs=1", "--log_every=1", "--patience=0"]
+# --preset=cpu: the CPU-scale LRA setting, shrunk to 4 steps
+PRESET_4_STEPS = ["--preset=cpu", "--n_train=16", "--n_eval=16", "--batch_size=8", "--pretrain_epochs=1",
+                  "--epochs=1", "--log_every=1", "--patience=0"]
 
 
 @pytest.mark.parametrize("task,n_generate", [("pathfinder", 200), ("listops", 100)])
@@ -231,13 +236,16 @@ def test_cpu_preset_parses_and_runs_end_to_end(tmp_path, task, n_generate):
     assert cfg["difficulty"] == ("baseline" if task == "pathfinder" else "contour_length_14")
     assert train_spt.get_config([f"--task={task}", "--preset=cpu", "--depth=4"])["depth"] == 4  # flags win
     out = tmp_path / "run"
-    summary = train_spt.main([f"--task={task}", *PRESET_20_STEPS, f"--n_generate={n_generate}",
+    summary = train_spt.main([f"--task={task}", *PRESET_4_STEPS, f"--n_generate={n_generate}",
                               f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}"])
     records = read_log(out)
     spt_steps = {r["step"] for r in records if r.get("phase") == "spt" and "loss" in r}
-    assert len(spt_steps) == 10 and summary["steps"] == 10        # 10 SPT + 10 finetuning steps
+    assert len(spt_steps) == 2 and summary["steps"] == 2          # 2 SPT + 2 finetuning steps
     assert summary["spt_best_val_loss"] is not None and 0 <= summary["test_acc"] <= 1
     assert (out / "attention_2d.png").exists() == (task == "pathfinder")   # one image's 2-D maps
+    if task == "pathfinder":                                      # Amos et al.'s linear pixel encoder
+        state = load_checkpoint(out / "spt_best.pt")["model"]
+        assert summary["init"] == "amos" and "pix_emb.weight" in state and state["lm_head.weight"].shape[0] == 256
 
 
 def test_pretrain_schedule_sets_the_spt_phase_alone(tmp_path):
@@ -306,16 +314,16 @@ def test_spt_objective_gives_a_masked_pixel_to_the_model_as_zero_with_its_mask_f
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits[hide], tokens[hide]).item(), rel=1e-5)
 
 
-def test_both_pixel_encoders_run_spt_then_finetuning_on_pathfinder(tmp_path):
+def test_token_pixel_encoder_runs_spt_then_finetuning_on_pathfinder(tmp_path):
+    """The other pixel encoder than the task's linear one (which the --preset=cpu test runs)."""
     flags = ["--task=pathfinder", "--n_generate=100", f"--data_dir={tmp_path / 'data'}", "--n_train=32",
              "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--pretrain_epochs=1",
              "--epochs=1", "--warmup_steps=0", "--pretrain_warmup_steps=0", "--log_every=1"]
-    for encoder, first_layer in (("linear", "pix_emb.weight"), ("token", "tok_emb.weight")):
-        out = tmp_path / encoder
-        summary = train_spt.main(flags + [f"--pixel_encoder={encoder}", f"--out_dir={out}"])
-        state = load_checkpoint(out / "spt_best.pt")["model"]
-        assert first_layer in state and state["lm_head.weight"].shape[0] == (256 if encoder == "linear" else 258)
-        assert summary["init"] == "amos" and summary["steps"] == 4 and summary["spt_best_val_loss"] < 6.0
+    out = tmp_path / "token"
+    summary = train_spt.main(flags + ["--pixel_encoder=token", f"--out_dir={out}"])
+    state = load_checkpoint(out / "spt_best.pt")["model"]
+    assert "tok_emb.weight" in state and "pix_emb.weight" not in state and state["lm_head.weight"].shape[0] == 258
+    assert summary["init"] == "amos" and summary["steps"] == 4 and summary["spt_best_val_loss"] < 6.0
 
 
 # The main command's cost, said before any work
@@ -341,7 +349,7 @@ def test_main_command_says_its_cost_and_the_shorter_commands_before_any_data(tmp
 def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
     import cost
     from training import setup_runtime
-    cfg = train_spt.get_config(["--task=pathfinder", *PRESET_20_STEPS, "--n_generate=200",
+    cfg = train_spt.get_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200",
                                 f"--data_dir={tmp_path / 'data'}"])
     gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))
     assert 0 < gen_s + train_s < cost.ANNOUNCE_ABOVE_S and capsys.readouterr().out == ""

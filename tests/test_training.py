@@ -61,6 +61,16 @@ def test_run_log_keeps_only_records_before_the_checkpoint_on_resume(tmp_path):
     assert read_log(tmp_path) == []
 
 
+def test_read_jsonl_drops_a_cut_last_line_and_refuses_a_bad_line_before_it(tmp_path, capsys):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "lo')
+    assert read_log(tmp_path) == [{"step": 1}, {"step": 2}]
+    assert "dropped its last line" in capsys.readouterr().err
+    path.write_text('{"step": 1}\ngarbage\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="log.jsonl, line 2"):
+        read_log(tmp_path)
+
+
 def test_flag_value_takes_the_last_occurrence_as_configure_does():
     import configurator
     import train_spt

@@ -37,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import data_lra  # noqa: E402  (the repository root, added just above)
-from analysis import read_records  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
+from training import read_log  # noqa: E402
 
 DEFAULTS = dict(
     out_dir="out/amos_pathfinder_gpu",
@@ -116,7 +116,7 @@ def run_row(folder):
     """The numbers of one finished run, from its summary.json and log.jsonl."""
     with open(os.path.join(folder, "summary.json")) as f:
         s = json.load(f)
-    spt_steps = [r["step"] for r in read_records(folder) if r.get("phase") == "spt" and "step" in r]
+    spt_steps = [r["step"] for r in read_log(folder) if r.get("phase") == "spt" and "step" in r]
     return dict(spt_steps=max(spt_steps, default=0), steps=s["steps"], spt_loss=s["spt_best_val_loss"],
                 mass_init=s.get("mass2d_r1_init"), mass_spt=s.get("mass2d_r1_spt"),
                 mass_final=s.get("mass2d_r1_finetune"), uniform=s.get("mass2d_r1_uniform"),

@@ -267,8 +267,8 @@ def report(cfg):
 
 def curve(d, phase, key):
     """(steps, values) of one run's records of a phase that hold key."""
-    import analysis
-    rec = [r for r in analysis.read_records(d) if r.get("phase") == phase and key in r]
+    import training
+    rec = [r for r in training.read_log(d) if r.get("phase") == phase and key in r]
     return np.array([r["step"] for r in rec]), np.array([r[key] for r in rec])
 
 

@@ -23,14 +23,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analysis  # noqa: E402  (the repository root, added just above)
 import train_spt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
-from training import load_checkpoint, load_state, setup_runtime  # noqa: E402
+from training import load_checkpoint, load_state, read_log, setup_runtime  # noqa: E402
 
 DEFAULTS = dict(runs="", threshold=0.70, n=16, epoch_only=False)
 
 
 def spt_epochs(run):
     """[(epoch, step, val loss)] of the run's SPT phase, in order."""
-    return [(r["epoch"], r["step"], r["val_loss"]) for r in analysis.read_records(run)
+    return [(r["epoch"], r["step"], r["val_loss"]) for r in read_log(run)
             if r.get("phase") == "spt" and "val_loss" in r]
 
 
