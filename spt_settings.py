@@ -119,9 +119,11 @@ PRESETS = {
         # 5x slower in bf16). Every core by default when a run is alone.
         "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
                   grad_clip=1.0, patience=20, dtype="fast"),
-        # About 56 min on one core of our 2-core box at depth 1 (SPT 12 epochs + finetuning 5 on
-        # 8,000 images of 1,024 pixels); SPT at a higher lr, as it must get below the pixels'
-        # unigram entropy (0.79 nats) to teach anything. --depth=4 is about 4x slower.
+        # About 40 min on one core that computes bf16, at depth 1 (SPT 12 + finetuning 5 epochs on
+        # 8,000 images of 1,024 pixels; 12 + 1 epochs measured in 30 min, REPORT.md's LRA setting);
+        # about 1.6 h in float32 on an AVX2-only CPU (the command's own estimate). SPT at a higher lr,
+        # as it must get below the pixels' unigram entropy (0.79 nats) to teach anything.
+        # --depth=4 is about 4x slower.
         "pathfinder": dict(difficulty="baseline", n_generate=10_000, depth=1, n_embd=64, n_head=4,
                            lr=1e-3, pretrain_lr=3e-3, batch_size=32, pretrain_epochs=12, epochs=5,
                            save_epochs="1,2,5,10"),
