@@ -1,6 +1,6 @@
 """The files a user copies into another project work there alone: each is copied
-into an empty folder (analysis.py with the model.py it reads) and imported by a
-fresh Python whose only path to this project is that folder."""
+into an empty folder of its own (analysis.py with the model.py it reads) and imported
+from there, with no other path to this project."""
 
 import os
 import shutil
@@ -23,13 +23,42 @@ COPYABLE = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(COPYABLE))
-def test_file_imports_alone_in_an_empty_folder(tmp_path, name):
-    extra, use = COPYABLE[name]
-    for f in (name, *extra):
-        shutil.copy(os.path.join(ROOT, f), tmp_path / f)
-    code = f"import importlib; m = importlib.import_module({name[:-3]!r}); {use}; print('ok')"
+# One fresh Python imports every file, each from its own folder, and forgets every module of
+# this project in between: a file that needs a sibling it did not bring along fails there.
+CHECK = """
+import importlib, sys, traceback
+for folder, name, use in CHECKS:
+    for module in [k for k in sys.modules if k in PROJECT]:
+        del sys.modules[module]
+    sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    try:
+        m = importlib.import_module(name)
+        exec(use, {"m": m})
+        print("ok", name)
+    except Exception:
+        print("FAILED", name, traceback.format_exc().splitlines()[-1])
+    sys.path.remove(folder)
+"""
+
+
+def test_each_file_imports_alone_in_an_empty_folder(tmp_path):
+    checks = []
+    for name, (extra, use) in COPYABLE.items():
+        folder = tmp_path / f"alone_{name[:-3]}"          # not a module name: no namespace package
+        folder.mkdir()
+        for f in (name, *extra):
+            shutil.copy(os.path.join(ROOT, f), folder / f)
+        checks.append((str(folder), name[:-3], use))
+    project = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py"))
+    code = f"CHECKS = {checks!r}\nPROJECT = {project!r}\n" + CHECK
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+                          env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.stdout.split("\n")[:-1] == [f"ok {n[:-3]}" for n in COPYABLE], proc.stdout + proc.stderr[-2000:]
+
+
+def test_the_check_fails_for_a_file_without_its_companion(tmp_path, monkeypatch):
+    monkeypatch.setitem(COPYABLE, "analysis.py", ((), "m.proximity_mass"))     # model.py left behind
+    with pytest.raises(AssertionError, match="FAILED analysis ModuleNotFoundError"):
+        test_each_file_imports_alone_in_an_empty_folder(tmp_path)
