@@ -447,7 +447,7 @@ def finish(r, nan_stop):
         return None
     summary = summarize(r, nan_stop, r.wall_before + time.time() - r.t_start)
     if rt.ddp:
-        summary["ddp_replicas_identical"] = replicas_identical(r.raw)
+        summary["ddp_replicas_identical"] = training.replica_max_diff(r.raw, rt) == 0.0
     r.log.summary(summary)
     if rt.master:
         r.say(training.to_json({k: v for k, v in summary.items() if not isinstance(v, list)}))
@@ -460,15 +460,6 @@ def finish(r, nan_stop):
     r.model = r.raw                              # the DDP wrapper goes before its process group
     training.close_ddp(rt)
     return summary
-
-
-def replicas_identical(model):
-    """DDP sanity check: every rank holds bit-identical weights (per-tensor sums agree)."""
-    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
-    lo, hi = sums.clone(), sums.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    return bool(torch.equal(lo, hi))
 
 
 def summarize(r, nan_stop, wall_time):

@@ -247,8 +247,8 @@ def train_phase(name, model, train_ds, val_ds, run, resume=None):
                     # mask is drawn once for the whole global batch, then this micro-batch takes
                     # its rows: the masks do not depend on the number of GPUs or micro-batches.
                     if k == 0:
-                        step_hide = torch.rand((p.global_batch, *tokens.shape[1:-1], train_ds.max_len),
-                                               generator=p.mask_gen) < cfg["mask_ratio"]
+                        step_hide = draw_hidden((p.global_batch, *tokens.shape[1:-1], train_ds.max_len),
+                                                cfg["mask_ratio"], p.mask_gen)
                     start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
                     loss = p.train_obj(tokens, pad_mask, hide.to(rt.device))

@@ -126,16 +126,13 @@ def close_ddp(rt):
 
 
 # -----------------------------------------------------------------------------
-# Learning-rate schedule
+# The step under DDP, and guarding a training loop: NaN stops, the wall clock, the replicas
 
 def grad_sync(model, rt, last_micro):
     """Under DDP, model.no_sync() for every micro-batch but the last of a step: the
     gradients are averaged over ranks once, in the step's last backward. A no-op otherwise."""
     return model.no_sync() if rt.ddp and not last_micro else nullcontext()
 
-
-# -----------------------------------------------------------------------------
-# Guarding a training loop: NaN stops, the wall clock, the replicas
 
 class NonFiniteGuard:
     """The first step whose loss or gradient was NaN or inf (0 = none), kept on the
@@ -198,6 +195,9 @@ def replica_max_diff(model, rt):
     dist.all_gather(gathered, flat)
     return max((g - gathered[0]).abs().max().item() for g in gathered)
 
+
+# -----------------------------------------------------------------------------
+# Learning-rate schedule
 
 def lr_at(step, max_steps, lr, warmup_steps=0, schedule="cosine", min_lr_frac=0.1):
     """Linear warmup to `lr`, then cosine (or linear, or constant) decay to min_lr_frac * lr."""
