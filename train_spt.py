@@ -375,7 +375,7 @@ class Phase:
         improved = state["best"] is None or score > state["best"]
         state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
         self.run.log.log(phase=self.name, step=state["step"], epoch=epoch, val_loss=metrics["loss"],
-                         val_acc=metrics["acc"])
+                         val_acc=metrics["acc"], **({} if self.spt else {"val_loss_se": metrics["loss_se"]}))
         weights = dict(model=unwrap(self.model).state_dict(), config=cfg, epoch=epoch)
         if improved:
             state.update(best=score, best_epoch=epoch)
@@ -405,28 +405,33 @@ class Phase:
 
 @torch.no_grad()
 def evaluate(objective, ds, cfg, rt, phase):
-    """Mean loss, and accuracy for the classifier, over the whole split. SPT masks
-    come from a fixed generator, so the validation loss is comparable across epochs."""
+    """Mean loss, and for the classifier its accuracy and the standard error of the mean
+    loss (sd of the per-example losses / sqrt(n): the noise a take-off must clear).
+    SPT masks come from a fixed generator, so the validation loss compares across epochs."""
     objective.eval()
     idx = list(range(rt.rank, len(ds), rt.world_size))
     batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
     gen = torch.Generator().manual_seed(VAL_MASK_SEED)
-    totals = torch.zeros(3, dtype=torch.float64, device=rt.device)   # loss sum, correct, count
+    totals = torch.zeros(4, dtype=torch.float64, device=rt.device)   # loss sum, correct, count, squares
     for batch in tqdm(loader(ds, batches, cfg, rt), desc=f"eval {phase}", leave=False, disable=not rt.master):
         tokens, pad_mask, labels = to_device(batch, rt)
         with rt.autocast():
             if phase == "spt":
                 hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
-                loss, correct = objective(tokens, pad_mask, hide), 0.0
+                loss, correct, squares = objective(tokens, pad_mask, hide), 0.0, 0.0
             else:
                 loss, logits = objective(tokens, pad_mask, labels)
                 correct = (logits.argmax(-1) == labels).sum()
-        totals += torch.stack([loss.double() * len(labels), torch.as_tensor(correct, device=rt.device).double(),
-                               torch.tensor(float(len(labels)), device=rt.device, dtype=torch.float64)])
+                squares = (F.cross_entropy(logits.float(), labels, reduction="none") ** 2).sum()
+        as_double = lambda x: torch.as_tensor(x, device=rt.device).double()
+        totals += torch.stack([loss.double() * len(labels), as_double(correct), as_double(float(len(labels))),
+                               as_double(squares)])
     if rt.ddp:
         dist.all_reduce(totals)
     objective.train()
-    return {"loss": (totals[0] / totals[2]).item(), "acc": (totals[1] / totals[2]).item()}
+    mean, n = (totals[0] / totals[2]).item(), totals[2].item()
+    se = math.sqrt(max(totals[3].item() / n - mean ** 2, 0.0) / n) if phase != "spt" else None
+    return {"loss": mean, "acc": (totals[1] / totals[2]).item(), "loss_se": se}
 
 
 # -----------------------------------------------------------------------------

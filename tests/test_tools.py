@@ -1,6 +1,8 @@
 """tools/: the attention-at-init table and the one-call GPU script for Amos et al.'s
 PathFinder setting (its CPU smoke test runs a few steps per arm, in parallel processes)."""
 
+import math
+
 import pytest
 import torch
 
@@ -127,81 +129,116 @@ def test_plateau_report_finds_the_first_spt_epoch_below_the_threshold(tmp_path, 
 from tools import lra_rescue as rescue  # noqa: E402
 
 
-@pytest.mark.parametrize("spt,scratch,long,expected", [
-    ([0.62, 0.60, 0.66], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "rescued"),
-    ([0.56, 0.55, 0.57], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "separated, small gap"),
-    ([0.62, 0.51, 0.66], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "not separated"),   # one SPT seed inside
-    ([0.45, 0.46, 0.44], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "worse"),
-    ([0.62, 0.60], [0.50, 0.49, 0.51], [0.50, 0.52, 0.50], "too few seeds (3 per arm needed)"),
+UP, STUCK = [True] * 3, [False] * 3
+
+
+@pytest.mark.parametrize("spt,spt_off,base,base_off,expected", [
+    ([0.66, 0.63, 0.70], UP, [0.52, 0.48, 0.52], STUCK, "rescued"),
+    ([0.66, 0.63, 0.70], UP, [0.52, 0.48, 0.55], [False, False, True], "SPT ahead, scratch learns too"),
+    ([0.66, 0.63, 0.70], [True, False, True], [0.52, 0.48, 0.52], STUCK, "separated, not every SPT seed took off"),
+    ([0.56, 0.55, 0.57], UP, [0.52, 0.48, 0.52], STUCK, "separated, small gap"),
+    ([0.66, 0.51, 0.70], [True, False, True], [0.52, 0.48, 0.52], STUCK, "not separated"),   # one seed inside
+    ([0.52, 0.48, 0.52], STUCK, [0.48, 0.52, 0.52], STUCK, "neither learns"),
+    ([0.45, 0.44, 0.40], [False, True, True], [0.52, 0.48, 0.52], STUCK, "worse"),
+    ([0.66, 0.63], UP[:2], [0.52, 0.48, 0.52], STUCK, "too few seeds (3 per arm needed)"),
 ])
-def test_rescue_verdict_follows_the_rule_written_before_the_runs(spt, scratch, long, expected):
-    assert rescue.verdict(spt, {"scratch": scratch, "long": long}) == expected
+def test_rescue_verdict_follows_the_rule_written_before_the_runs(spt, spt_off, base, base_off, expected):
+    assert rescue.verdict(spt, spt_off, base, base_off) == expected
 
 
-def test_rescue_chance_band_is_two_standard_errors_of_the_test_split():
-    assert rescue.at_chance([0.49, 0.51, 0.50], n_test=1000)          # s.e. of the mean of 3: 0.0091
-    assert not rescue.at_chance([0.53, 0.52, 0.53], n_test=1000)
-    assert rescue.at_chance([0.525, 0.475, 0.525], 1000, majority=0.525)   # one class, either one
-    assert not rescue.at_chance([0.525] * 3, 1000) and not rescue.at_chance([0.56] * 3, 1000, majority=0.525)
+def evals(pairs, se=0.003):
+    return [dict(epoch=e + 1, val_loss=loss, val_loss_se=se, val_acc=acc) for e, (loss, acc) in enumerate(pairs)]
+
+
+def test_rescue_take_off_is_the_first_of_two_evaluations_off_chance():
+    share, n = 0.517, 1000                                  # the best constant answer: H(0.517) = 0.6926
+    assert rescue.constant_loss(0.5) == pytest.approx(math.log(2)) and rescue.constant_loss(share) < math.log(2)
+    at_chance = [(0.6934, 0.517), (0.6929, 0.483)] * 4      # one class each epoch: stuck
+    assert rescue.take_off_epoch(evals(at_chance), share, n) is None
+    assert rescue.take_off_epoch(evals(at_chance + [(0.6825, 0.554), (0.67, 0.58)]), share, n) == 9
+    assert rescue.take_off_epoch(evals(at_chance + [(0.6825, 0.554)]), share, n) is None      # not confirmed
+    blip = at_chance + [(0.6925, 0.57), (0.6931, 0.517), (0.6925, 0.57), (0.6926, 0.56)]      # acc: band 0.549
+    assert rescue.take_off_epoch(evals(blip), share, n) == 11
+    loss_only = at_chance + [(0.684, 0.53), (0.683, 0.54)]  # 2 s.e. below 0.6926, accuracy inside the band
+    assert rescue.take_off_epoch(evals(loss_only), share, n) == 9
+    assert rescue.take_off_epoch(evals(loss_only, se=0.01), share, n) is None                 # within the noise
     assert rescue.standard_error(0.5, 1000) == pytest.approx(0.0158, abs=1e-4)
 
 
-def test_rescue_lists_every_arm_and_seed_with_the_scratch_lr_from_the_grid(capsys):
+def test_rescue_lists_every_arm_and_seed_seed_0_first(capsys):
     rescue.main(["--action=run", "--dry=True", "--out=/o"])
     runs = capsys.readouterr().out.strip().splitlines()
-    assert len(runs) == 3 + 3 + 2 + 3 * 4                                # grid, SPT, scratch (s1, s2), 4 arms
-    assert all("--task=pathfinder --preset=cpu_rescue" in r for r in runs)
-    grid = [r for r in runs if "grid_lr" in r]
-    assert [r.split("--lr=")[1].split()[0] for r in grid] == ["0.001", "0.0005", "0.0001"]
-    long = [r for r in runs if "/long_s" in r]
-    assert len(long) == 3 and all("--epochs=5 " in r and "--lr=BEST_LR" in r for r in long)   # 4 SPT + 1 epochs
+    assert len(runs) == 6 * 3 and all("--task=pathfinder --preset=cpu_rescue" in r for r in runs)
+    assert runs[0].endswith("--seed=0 --out_dir=/o/spt_s0") and runs[1].endswith("--seed=0 --out_dir=/o/scratch_s0")
+    spt_epochs, epochs = rescue.preset_epochs()
+    assert (spt_epochs, epochs) == (11, 16)                 # 2,750 SPT steps + 4,000 labelled ones at batch 32
+    scratch = [r for r in runs if "/scratch" in r or "/learned" in r]
+    assert len(scratch) == 9 and all("--pretrain_epochs=0 --epochs=27 " in r for r in scratch)   # compute-matched
     assert all("--pos_enc=learned" in r for r in runs if "/learned_s" in r)
     assert all("--init_from=/o/spt_s" in r and "--init_params=qk" in r for r in runs if "/qk_s" in r)
+    assert sum("--init=torch" in r for r in runs) == 6
+    needs = {d: n for d, _, n in rescue.jobs(dict(seeds="0,1,2", out="/o"))}
+    assert needs["/o/spt_s0"] == [] and needs["/o/spt_s1"] == ["/o/spt_s0", "/o/scratch_s0"]
+    assert needs["/o/qk_s2"] == ["/o/spt_s0", "/o/scratch_s0", "/o/spt_s2"]
 
 
-def fake_run(d, test_acc, best_val_acc=0.5, spt=False):
+def test_rescue_preset_is_the_probed_depth_2_setting():
+    cfg = rescue.train_spt_config()
+    assert {k: cfg[k] for k in ("depth", "n_embd", "n_head", "batch_size", "difficulty", "n_generate", "init",
+                                "pixel_encoder", "pos_enc", "pool", "mask_ratio", "pretrain_lr", "lr", "dtype",
+                                "schedule", "pretrain_schedule", "warmup_frac")} == dict(
+        depth=2, n_embd=64, n_head=4, batch_size=32, difficulty="baseline", n_generate=10_000, init="amos",
+        pixel_encoder="linear", pos_enc="sinusoidal", pool="mean", mask_ratio=0.5, pretrain_lr=3e-3, lr=1e-3,
+        dtype="float32", schedule="constant", pretrain_schedule="constant", warmup_frac=0.05)
+
+
+def fake_run(d, test_acc, accs=(0.517, 0.483), spt=False):
     import json
     d.mkdir(parents=True)
     cfg = rescue.train_spt_config(["--n_generate=1000", f"--data_dir={d.parent / 'data'}"])
     (d / "config.json").write_text(json.dumps(cfg))
     records = [dict(phase="finetune", step=10 * k, epoch=0, loss=0.7) for k in range(1, 30)]
-    records += [dict(phase="finetune", step=300, epoch=1, val_loss=0.69, val_acc=best_val_acc)]
+    records += [dict(phase="finetune", step=300 * (e + 1), epoch=e + 1, val_loss=0.69, val_loss_se=0.002,
+                     val_acc=a) for e, a in enumerate(accs)]
     if spt:
         records = [dict(phase="spt", step=10 * k, epoch=0, loss=1.4 - k / 100) for k in range(1, 30)] + records
     (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps(dict(test_acc=test_acc, best_val_acc=best_val_acc, steps=300,
-                                                    wall_time_s=60.0, spt_best_val_loss=1.1 if spt else None)))
+    (d / "summary.json").write_text(json.dumps(dict(test_acc=test_acc, best_val_acc=max(accs), steps=300 * len(accs),
+                                                    wall_time_s=3600.0, spt_best_val_loss=1.1 if spt else None)))
 
 
 def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
-    for lr, val in zip(rescue.GRID, (0.51, 0.53, 0.50)):                  # 5e-4 is the grid's best
-        fake_run(tmp_path / f"grid_lr{lr:g}_s0", 0.50, best_val_acc=val)
-    for s, (spt, scratch, long) in enumerate([(0.66, 0.51, 0.50), (0.63, 0.49, 0.52), (0.70, 0.50, 0.51)]):
-        fake_run(tmp_path / f"spt_s{s}", spt, spt=True)
-        fake_run(tmp_path / f"long_s{s}", long)
-        if s:
-            fake_run(tmp_path / f"scratch_s{s}", scratch)
+    for s, (spt, scratch) in enumerate([(0.66, 0.51), (0.63, 0.49), (0.70, 0.50)]):
+        fake_run(tmp_path / f"spt_s{s}", spt, accs=(0.5, 0.7, 0.75), spt=True)
+        fake_run(tmp_path / f"scratch_s{s}", scratch)
     text = rescue.main(["--action=report", f"--out={tmp_path}"])
-    assert "best of the grid on seed 0): 0.0005" in text
     assert "| spt | 3 | 1.100 ± 0.000 | - / - |" in text and "| 0.663 ± 0.035 |" in text
-    assert "(same steps, compute-matched): **rescued**" in text
-    assert "long: at chance" in text and "spt: not at chance" in text and "one class scores" in text
+    assert "0.660 ± 0.047 (2)" in text and "0.510 ± 0.050 (stuck)" in text and "| 290 + 900 |" in text   # 100 images
+    assert "compute-matched: **rescued**" in text and "spt: 3 of 3 seeds took off" in text
     assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()
     with pytest.raises(FileNotFoundError, match="no finished run under"):
         rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])
 
 
+def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):
+    fake_run(tmp_path / "spt_s0", 0.517, spt=True)          # finished at chance
+    fake_run(tmp_path / "scratch_s0", 0.517)
+    rescue.main(["--action=run", f"--out={tmp_path}"])
+    out = capsys.readouterr().out
+    assert "start:" not in out and "never took off" in out and "16 runs not finished" in out
+
+
 @pytest.mark.slow
 def test_rescue_runs_small_then_reports_and_skips_finished_runs(tmp_path, capsys):
-    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
+    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 --batch_size=8 "
             "--log_every=1 --dtype=float32")
     args = ["--action=run", f"--out={tmp_path / 'out'}", "--seeds=0", f"--extra={tiny}"]
     rescue.main(args)
     out = capsys.readouterr().out
-    assert out.count("done: ") == 8 and "FAILED" not in out and "every run finished" in out
-    assert (tmp_path / "out" / "long_s0" / "command.txt").exists()
+    assert out.count("done: ") == 2 and "FAILED" not in out and "never took off" in out   # a tiny run is stuck
+    assert (tmp_path / "out" / "scratch_s0" / "command.txt").exists()
     text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", "--seeds=0"])
-    assert "| spt | 1 |" in text and "too few seeds" in text
+    assert "| spt | 1 |" in text and "spt: 0 of 1 seeds took off" in text
     assert (tmp_path / "out" / "rescue_curves.png").exists() and (tmp_path / "out" / "rescue_attention_2d.png").exists()
     rescue.main(args)
     assert "start:" not in capsys.readouterr().out                        # nothing run again

@@ -1,28 +1,30 @@
 """Does self-pretraining rescue a Transformer on LRA's PathFinder? The seed runs, their
-table, the verdict and the figures, at CPU scale (train_spt.py --preset=cpu_rescue).
+table, the verdict and the figures, at CPU scale (train_spt.py --preset=cpu_rescue: two
+layers, 8,000 training images, SPT 2,750 steps, finetuning 4,000).
 
     python tools/lra_rescue.py run            # every arm, 3 seeds, two runs at a time
     python tools/lra_rescue.py run --dry=True # the commands only
     python tools/lra_rescue.py report         # table + verdict (rescue.md) and figures
 
-The arms (each 3 seeds; the data are generated once, a seed changes the init, the masks
-and the batch order):
-    spt        SPT, then finetuning (the preset)
-    scratch    from scratch, the same finetuning steps
-    long       from scratch, SPT's steps + the finetuning steps (compute-matched)
-    learned    as long, with learned positions (LRA's issue #60: learned ones reach ~70%)
-    qk         only W_Q, W_K from the seed's SPT checkpoint (A5 on LRA)
-    frozen     from scratch with attention frozen at its init (A4 on LRA)
-The from-scratch arms take the learning rate of Amos et al.'s grid (1e-3, 5e-4, 1e-4) that
-gives the best val accuracy on seed 0 at the scratch arm's length (the grid arm; a tie goes
-to the first of the grid).
+Each run takes about 2.5 h of one core (a Zen 5 EPYC, two side by side): the first two
+arms on 3 seeds are about 7.5 h of two cores, every arm about 15 h. The arms, in the order
+they run (the data are generated once; a seed changes the init, the masks and the batch
+order):
+    spt            (a) SPT, then finetuning (the preset)
+    scratch        (b) from scratch for SPT's steps + the finetuning steps (compute-matched)
+    learned        (c) as scratch, with learned positions (long-range-arena issue #60)
+    qk             (d) only W_Q, W_K from the seed's SPT checkpoint, then finetuning (A5 on LRA)
+    spt_torch      (e) as spt, and
+    scratch_torch      as scratch, with PyTorch's init: W_Q and W_K not tied at the start
+Seed 0's spt and scratch run first. If that SPT run never takes off (take_off_epoch), the
+sweep stops there, as the issue asked: the rest would spend hours to repeat a null.
 
 Restartable: a run whose folder has summary.json is skipped, a stopped one resumes from
 its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
-output into FOLDER.log. Runs go two at a time, one thread each (OMP_NUM_THREADS=1).
+output into FOLDER.log. Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no
+run starts once the finished and running ones have used --max_core_hours.
 """
 
-import glob
 import json
 import math
 import os
@@ -37,53 +39,81 @@ sys.path.insert(0, ROOT)
 
 from configurator import configure, run_cli  # noqa: E402
 
-DEFAULTS = dict(action="report", out="out/rescue", slots=2, dry=False, extra="", seeds="0,1,2", figures="")
-GRID = (1e-3, 5e-4, 1e-4)          # Amos et al.'s learning rates for the from-scratch arms
+DEFAULTS = dict(action="report", out="out/rescue", slots=2, dry=False, extra="", seeds="0,1,2", figures="",
+                max_core_hours=30.0)
 BASE = ["--task=pathfinder", "--preset=cpu_rescue"]
-ARMS = ("spt", "scratch", "long", "learned", "qk", "frozen")
+ARMS = ("spt", "scratch", "learned", "qk", "spt_torch", "scratch_torch")
 CHANCE = 0.5
 
 
 # -----------------------------------------------------------------------------
-# The pre-registered verdict (written down before the seed runs; REPORT.md, A9)
+# The rule, written down before the seed runs (REPORT.md, A9)
 
-def verdict(spt, baselines, min_gap=0.10):
-    """spt: the SPT arm's test accuracies, one per seed; baselines: {arm: accuracies} of the
-    from-scratch arms it must beat. "rescued": every SPT seed above every seed of every
-    baseline AND the SPT mean at least min_gap above the best baseline mean; "separated,
-    small gap": every seed above, the gap under min_gap; "worse": every SPT seed below
-    every baseline seed; else "not separated" (the seeds' ranges overlap)."""
-    if len(spt) < 3 or any(len(v) < 3 for v in baselines.values()):
+def constant_loss(share):
+    """The val loss of the best constant answer, the entropy of the class shares:
+    H(q) = -q ln q - (1-q) ln(1-q), ln 2 at q = 1/2. No model that ignores the image
+    scores below it, so a val loss under it is evidence the model reads the image."""
+    return -share * math.log(share) - (1 - share) * math.log(1 - share)
+
+
+def off_chance(val_loss, val_loss_se, val_acc, share, n):
+    """Does one evaluation say the model has learned something? Either its val loss is
+    below the best constant answer's by more than 2 standard errors, or its val accuracy
+    is above the chance band: the larger class's share, plus 2 standard errors of a coin
+    on n images."""
+    majority = max(share, 1 - share)
+    return val_loss < constant_loss(share) - 2 * val_loss_se or \
+        val_acc > majority + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
+
+
+def take_off_epoch(evals, share, n):
+    """The first finetuning epoch off chance that the next evaluation confirms (two in a
+    row: over 16-27 epochs a single lucky one is too likely), or None: "stuck".
+    evals: the finetuning validation records, in order (val_loss, val_loss_se, val_acc)."""
+    off = [off_chance(r["val_loss"], r.get("val_loss_se", 0.0), r["val_acc"], share, n) for r in evals]
+    for i in range(len(off) - 1):
+        if off[i] and off[i + 1]:
+            return evals[i]["epoch"]
+    return None
+
+
+def verdict(spt, spt_off, base, base_off, min_gap=0.10):
+    """spt, base: test accuracies, one per seed, of the SPT arm and of the from-scratch
+    arm it must beat; spt_off, base_off: did each seed take off (take_off_epoch)?
+        "rescued": every SPT seed takes off and ends above every baseline seed, the means
+            at least min_gap apart, and every baseline seed is stuck;
+        "SPT ahead, scratch learns too": the same, but a baseline seed took off;
+        "separated, not every SPT seed took off": above and min_gap apart, but an SPT seed
+            is stuck;
+        "separated, small gap": every SPT seed above every baseline seed, means closer than min_gap;
+        "neither learns": no seed of either arm takes off;
+        "worse": every SPT seed below every baseline seed;
+        "not separated": the seeds' ranges overlap."""
+    if len(spt) < 3 or len(base) < 3:
         return "too few seeds (3 per arm needed)"
-    lo_spt, hi_spt = min(spt), max(spt)
-    hi_base = max(max(v) for v in baselines.values())
-    lo_base = min(min(v) for v in baselines.values())
-    gap = np.mean(spt) - max(np.mean(v) for v in baselines.values())
-    if lo_spt > hi_base:
-        return "rescued" if gap >= min_gap else "separated, small gap"
-    if hi_spt < lo_base:
+    if not any(spt_off) and not any(base_off):
+        return "neither learns"
+    if max(spt) < min(base):
         return "worse"
-    return "not separated"
-
-
-def at_chance(accs, n_test, majority=CHANCE):
-    """Is an arm's mean test accuracy within what a coin or a constant answer scores: the
-    band between the two classes' shares of the test split (majority, 1 - majority),
-    widened by 2 standard errors of the mean?"""
-    se = math.sqrt(CHANCE * (1 - CHANCE) / (n_test * len(accs)))
-    return abs(np.mean(accs) - CHANCE) <= abs(majority - CHANCE) + 2 * se
+    if min(spt) <= max(base):
+        return "not separated"
+    if np.mean(spt) - np.mean(base) < min_gap:
+        return "separated, small gap"
+    if not all(spt_off):
+        return "separated, not every SPT seed took off"
+    return "SPT ahead, scratch learns too" if any(base_off) else "rescued"
 
 
 def standard_error(acc, n):
-    """The binomial standard error of one run's accuracy on n test images."""
+    """The binomial standard error of one run's accuracy on n images."""
     return math.sqrt(acc * (1 - acc) / n)
 
 
 # -----------------------------------------------------------------------------
 # The runs
 
-def folder(out, arm, seed, lr=None):
-    return os.path.join(out, f"{arm}_s{seed}" if lr is None else f"grid_lr{lr:g}_s{seed}")
+def folder(out, arm, seed):
+    return os.path.join(out, f"{arm}_s{seed}")
 
 
 def preset_epochs():
@@ -93,35 +123,29 @@ def preset_epochs():
     return p["pretrain_epochs"], p["epochs"]
 
 
-def arm_flags(arm, seed, out, lr):
-    """The train_spt.py flags of one arm at one seed; lr: the scratch arms' learning rate."""
+def arm_flags(arm, seed, out):
+    """The train_spt.py flags of one arm at one seed."""
     spt_epochs, epochs = preset_epochs()
-    scratch = ["--pretrain_epochs=0", f"--lr={lr:g}" if isinstance(lr, float) else f"--lr={lr}"]
+    scratch = ["--pretrain_epochs=0", f"--epochs={spt_epochs + epochs}"]
     flags = {"spt": [],
              "scratch": scratch,
-             "long": scratch + [f"--epochs={spt_epochs + epochs}"],
-             "learned": scratch + [f"--epochs={spt_epochs + epochs}", "--pos_enc=learned"],
+             "learned": scratch + ["--pos_enc=learned"],
              "qk": [f"--init_from={folder(out, 'spt', seed)}/spt_best.pt", "--init_params=qk"],
-             "frozen": scratch + ["--freeze=attn"]}[arm]
+             "spt_torch": ["--init=torch"],
+             "scratch_torch": scratch + ["--init=torch"]}[arm]
     return BASE + flags + [f"--seed={seed}"]
 
 
-def jobs(cfg, best_lr):
+def jobs(cfg):
     """(folder, flags, needs) in the order they start; needs: folders that must be finished
-    first (the grid, for its best lr; the seed's SPT run, for its checkpoint)."""
+    first (seed 0's pair, for the gate; the seed's SPT run, for its checkpoint)."""
     seeds, out = [int(s) for s in cfg["seeds"].split(",")], cfg["out"]
-    grid = [(folder(out, None, seeds[0], lr), BASE + ["--pretrain_epochs=0", f"--lr={lr:g}", f"--seed={seeds[0]}"],
-             []) for lr in GRID]
-    grid_dirs = [g[0] for g in grid]
-    todo = [(folder(out, "spt", s), arm_flags("spt", s, out, None), []) for s in seeds[:2]] + grid
-    todo += [(folder(out, "spt", s), arm_flags("spt", s, out, None), []) for s in seeds[2:]]
-    for arm in ("scratch", "long", "learned", "frozen", "qk"):
-        for s in seeds:
-            if arm == "scratch" and s == seeds[0]:
-                continue                                     # the grid's best run is this one
-            needs = [folder(out, "spt", s)] if arm == "qk" else grid_dirs
-            todo.append((folder(out, arm, s), arm_flags(arm, s, out, best_lr or GRID[0]), needs))
-    return todo
+    order = [(arm, s) for s in seeds for arm in ("spt", "scratch")]
+    order += [(arm, s) for arm in ARMS[2:] for s in seeds]
+    first = [folder(out, arm, s) for arm, s in order[:2]]
+    return [(folder(out, arm, s), arm_flags(arm, s, out),
+             (first if i >= 2 else []) + ([folder(out, "spt", s)] if arm == "qk" else []))
+            for i, (arm, s) in enumerate(order)]
 
 
 def finished(d):
@@ -133,67 +157,95 @@ def read_summary(d):
         return json.load(f)
 
 
-def best_grid_lr(cfg):
-    """The grid's learning rate with the best val accuracy, the first on a tie (None until
-    all have run)."""
-    seed = int(cfg["seeds"].split(",")[0])
-    dirs = {lr: folder(cfg["out"], None, seed, lr) for lr in GRID}
-    if not all(finished(d) for d in dirs.values()):
+def finetune_evals(d):
+    """The finetuning phase's validation records of a run, in order."""
+    import training
+    return [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
+
+
+def val_split(d):
+    """(size, share of class 1) of the val split a run was scored on."""
+    import train_spt
+    with open(os.path.join(d, "config.json")) as f:
+        val = train_spt.load_data("pathfinder", "val", json.load(f))
+    return len(val), float(np.mean([int(val[i][1]) for i in range(len(val))]))
+
+
+def gate(cfg):
+    """None while the sweep may go on; else why it stops: seed 0's SPT run finished
+    without taking off."""
+    d = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+    if not finished(d):
         return None
-    return max(GRID, key=lambda lr: read_summary(dirs[lr])["best_val_acc"])
+    n, share = val_split(d)
+    if take_off_epoch(finetune_evals(d), share, n) is None:
+        return f"{d} never took off within its finetuning steps: the sweep stops at seed 0"
+    return None
+
+
+def core_hours(d):
+    """Hours of one core a run has used: its summary's wall time, or its checkpoint's."""
+    if finished(d):
+        return read_summary(d)["wall_time_s"] / 3600
+    return 0.0
 
 
 def command(d, flags, extra):
     """The command that starts (or resumes) the run in folder d."""
     py = [sys.executable, os.path.join(ROOT, "train_spt.py")]
-    if os.path.exists(os.path.join(d, "ckpt.pt")) and not any(f.startswith("--init_from=") for f in flags):
+    if os.path.exists(os.path.join(d, "ckpt.pt")):
         return py + [f"--out_dir={d}", "--init_from=resume"]
     return py + flags + extra + [f"--out_dir={d}", "--overwrite=True"]
 
 
 def run(cfg):
-    """Start every unfinished run when its needs are met, cfg["slots"] at a time."""
+    """Start every unfinished run when its needs are met, cfg["slots"] at a time, until
+    the gate closes or the core-hour budget is spent."""
     extra = cfg["extra"].split()
     if cfg["dry"]:
-        for d, flags, _ in jobs(cfg, best_grid_lr(cfg) or "BEST_LR"):
+        for d, flags, _ in jobs(cfg):
             print(" ".join(["python", "train_spt.py"] + flags + extra + [f"--out_dir={d}"]))
         return
-    going, failed = {}, set()
+    going, failed, started = {}, set(), {}
     while True:
-        todo = [(d, f, n) for d, f, n in jobs(cfg, best_grid_lr(cfg)) if not finished(d) and d not in going
-                and d not in failed]
+        stop = gate(cfg)
+        used = sum(core_hours(d) for d, _, _ in jobs(cfg)) + sum(time.time() - t for t in started.values()) / 3600
+        todo = [(d, f, n) for d, f, n in jobs(cfg) if not finished(d) and d not in going and d not in failed]
         ready = [(d, f) for d, f, needs in todo if all(finished(n) for n in needs)]
+        if stop or used >= cfg["max_core_hours"]:
+            ready = []
         for d, flags in ready[:max(0, cfg["slots"] - len(going))]:
             os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
             print(f"start: {d}", flush=True)
             with open(d + ".log", "a") as log:
                 going[d] = subprocess.Popen(command(d, flags, extra), stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
+            started[d] = time.time()
         for d, p in list(going.items()):
             if p.poll() is not None:
-                del going[d]
+                del going[d], started[d]
                 print(("done: " if finished(d) else "FAILED: ") + f"{d} (see {d}.log)", flush=True)
                 failed |= set() if finished(d) else {d}
         if not going and not ready:
             break
         time.sleep(2)
-    stuck = [d for d, _, _ in jobs(cfg, best_grid_lr(cfg)) if not finished(d)]
-    print(f"{len(stuck)} runs not finished" if stuck else "every run finished")
+    left = [d for d, _, _ in jobs(cfg) if not finished(d)]
+    print(gate(cfg) or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
+                        cfg["max_core_hours"] else ""))
+    print(f"{len(left)} runs not finished" if left else "every run finished")
 
 
 # -----------------------------------------------------------------------------
 # The table, the verdict and the figures
 
 def gather(cfg):
-    """{arm: [(seed, folder, summary)]} of the finished runs; the scratch arm's seed-0 run
-    is the grid's best."""
-    seeds, out, lr = [int(s) for s in cfg["seeds"].split(",")], cfg["out"], best_grid_lr(cfg)
+    """{arm: [(seed, folder, summary)]} of the finished runs."""
+    seeds, out = [int(s) for s in cfg["seeds"].split(",")], cfg["out"]
     runs = {}
     for arm in ARMS:
         for s in seeds:
-            d = folder(out, None, s, lr) if arm == "scratch" and s == seeds[0] and lr else folder(out, arm, s)
-            if finished(d):
-                runs.setdefault(arm, []).append((s, d, read_summary(d)))
+            if finished(folder(out, arm, s)):
+                runs.setdefault(arm, []).append((s, folder(out, arm, s), read_summary(folder(out, arm, s))))
     return runs
 
 
@@ -203,48 +255,55 @@ def train_spt_config(flags=()):
     return train_spt.get_config(BASE + list(flags))
 
 
-def test_split(runs):
-    """(size, the larger class's share) of the test split the runs were scored on."""
-    import train_spt
-    d = next(d for members in runs.values() for _, d, _ in members)
-    with open(os.path.join(d, "config.json")) as f:
-        test = train_spt.load_data("pathfinder", "test", json.load(f))
-    share = float(np.mean([int(test[i][1]) for i in range(len(test))]))
-    return len(test), max(share, 1 - share)
+def take_offs(runs, n, share):
+    """{arm: [take-off epoch or None, one per seed]}."""
+    return {arm: [take_off_epoch(finetune_evals(d), share, n) for _, d, _ in members]
+            for arm, members in runs.items()}
 
 
-def table(runs, n):
+def table(runs, offs, n):
     """Markdown: one row per arm, mean +- std over seeds, each seed's test accuracy with
-    its standard error, and the wall time."""
-    lines = ["| arm | seeds | SPT val loss | 3x3 attention mass, x uniform: after SPT / trained | best val acc | "
-             "test acc | each seed (+- s.e.) | steps | wall min |", "|---|---|---|---|---|---|---|---|---|"]
+    its standard error and its take-off epoch, the steps and the wall time."""
+    lines = ["| arm | seeds | SPT val loss | 3x3 attention mass, x uniform: after SPT / trained | final val loss | "
+             "best val acc | test acc | each seed: test acc ± s.e. (take-off epoch) | steps SPT + labelled | "
+             "wall h |", "|---|---|---|---|---|---|---|---|---|---|"]
     ms = lambda v: f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if v else "-"
     ratio = lambda s, stage: [m[f"mass2d_r1_{stage}"] / m["mass2d_r1_uniform"] for m in s
                               if m.get(f"mass2d_r1_{stage}") is not None and m.get("mass2d_r1_uniform")]
     for arm, members in runs.items():
         s = [m for _, _, m in members]
         spt = [m["spt_best_val_loss"] for m in s if m.get("spt_best_val_loss") is not None]
-        seeds = ", ".join(f"{m['test_acc']:.3f} ± {standard_error(m['test_acc'], n):.3f}" for m in s)
+        final = [finetune_evals(d)[-1]["val_loss"] for _, d, _ in members]
+        seeds = ", ".join(f"{m['test_acc']:.3f} ± {standard_error(m['test_acc'], n):.3f} "
+                          f"({'stuck' if e is None else e})" for m, e in zip(s, offs[arm]))
+        spt_steps = spt_step_count(members[0][1]) if spt else 0
         lines.append(f"| {arm} | {len(s)} | {ms(spt)} | {ms(ratio(s, 'spt'))} / {ms(ratio(s, 'finetune'))} | "
-                     f"{ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | {seeds} | "
-                     f"{ms([m['steps'] for m in s])} | {ms([m['wall_time_s'] / 60 for m in s])} |")
+                     f"{ms(final)} | {ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | "
+                     f"{seeds} | {spt_steps:,} + {int(np.mean([m['steps'] for m in s])):,} | "
+                     f"{ms([m['wall_time_s'] / 3600 for m in s])} |")
     return "\n".join(lines)
 
 
-def verdicts(runs, n, majority=CHANCE):
+def spt_step_count(d):
+    """The SPT steps of a run, from its log."""
+    steps, _ = curve(d, "spt", "loss")
+    return int(steps.max()) if len(steps) else 0
+
+
+def verdicts(runs, offs, n, share):
     acc = {arm: [m["test_acc"] for _, _, m in members] for arm, members in runs.items()}
-    lines = []
-    if "spt" in acc:
-        base = {a: acc.get(a, []) for a in ("scratch", "long")}
-        lines.append(f"SPT against from scratch (same steps, compute-matched): **{verdict(acc['spt'], base)}**")
-    if "learned" in acc and "long" in acc:
-        lines.append(f"learned positions against sinusoidal, both from scratch: "
-                     f"**{verdict(acc['learned'], {'long': acc['long']})}**")
-    for arm, a in acc.items():
-        band = abs(majority - CHANCE) + 2 * math.sqrt(0.25 / (n * len(a)))
-        lines.append(f"{arm}: {'at chance' if at_chance(a, n, majority) else 'not at chance'} "
-                     f"(mean {np.mean(a):.3f}; chance band {CHANCE} ± {band:.3f}: one class scores "
-                     f"{majority:.3f} or {1 - majority:.3f})")
+    off = {arm: [e is not None for e in es] for arm, es in offs.items()}
+    pairs = [("spt", "scratch", "SPT against from scratch, compute-matched"),
+             ("learned", "scratch", "from scratch: learned positions against sinusoidal"),
+             ("qk", "scratch", "W_Q, W_K from SPT against from scratch"),
+             ("spt_torch", "scratch_torch", "SPT against from scratch, both with PyTorch's init (W_Q, W_K untied)")]
+    lines = [f"{label}: **{verdict(acc[a], off[a], acc[b], off[b])}**" for a, b, label in pairs
+             if a in acc and b in acc]
+    band = max(share, 1 - share) + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
+    lines.append(f"take-off: two val evaluations in a row with val loss below {constant_loss(share):.4f} (the "
+                 f"best constant answer) by 2 s.e., or val acc above {band:.3f}")
+    for arm, es in offs.items():
+        lines.append(f"{arm}: {sum(e is not None for e in es)} of {len(es)} seeds took off")
     return "\n".join("- " + line for line in lines)
 
 
@@ -252,14 +311,14 @@ def report(cfg):
     runs = gather(cfg)
     if not runs:
         raise FileNotFoundError(f"no finished run under {cfg['out']}; start them with: python tools/lra_rescue.py run")
-    n, majority = test_split(runs)
-    text = (f"scratch arms' learning rate (best of the grid on seed 0): {best_grid_lr(cfg)}\n\n"
-            f"{table(runs, n)}\n\n{verdicts(runs, n, majority)}\n")
+    n, share = val_split(next(d for members in runs.values() for _, d, _ in members))
+    offs = take_offs(runs, n, share)
+    text = f"{table(runs, offs, n)}\n\n{verdicts(runs, offs, n, share)}\n"
     print(text)
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
         f.write(text)
     where = cfg["figures"] or cfg["out"]
-    plot_curves(runs, os.path.join(where, "rescue_curves.png"))
+    plot_curves(runs, constant_loss(share), os.path.join(where, "rescue_curves.png"))
     if "spt" in runs and "scratch" in runs and os.path.exists(os.path.join(runs["spt"][0][1], "spt_best.pt")):
         plot_maps(runs, os.path.join(where, "rescue_attention_2d.png"))
     return text
@@ -279,28 +338,27 @@ def smooth(x, y, k=10):
     return x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid")
 
 
-def plot_curves(runs, path):
-    """Left: SPT loss of every SPT seed (train, smoothed; val, dots). Middle: finetuning
-    train loss, smoothed, every arm and seed. Right: val accuracy against finetuning step
-    (one point an epoch). An arm is one colour."""
+def plot_curves(runs, floor, path):
+    """Left: SPT loss of every SPT seed (train, smoothed; val, dots). Middle: val loss
+    against labelled step, every arm and seed, with the best constant answer's loss.
+    Right: val accuracy against labelled step. One colour an arm, one line a seed."""
     import analysis
     plt, (fig, (ax_spt, ax_loss, ax_acc)) = analysis.plt_figure(1, 3, figsize=(16, 4.2))
-    colours = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:cyan", "tab:green", "tab:orange", "tab:gray")))
+    colours = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:gray")))
     for arm, members in runs.items():
         c = colours[arm]
         for i, (s, d, _) in enumerate(members):
             label = arm if i == 0 else None
-            if arm == "spt":
+            if arm.startswith("spt"):
                 ax_spt.plot(*smooth(*curve(d, "spt", "loss")), color=c, lw=0.8, alpha=0.6)
-                ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=4,
-                            label="val" if i == 0 else None)
-            ax_loss.plot(*smooth(*curve(d, "finetune", "loss")), color=c, lw=0.8, label=label)
-            ax_acc.plot(*curve(d, "finetune", "val_acc"), "o-", color=c, markersize=4, label=label)
+                ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=3, label=label)
+            ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", color=c, markersize=3, lw=0.8, label=label)
+            ax_acc.plot(*curve(d, "finetune", "val_acc"), "o-", color=c, markersize=3, lw=0.8, label=label)
     ax_acc.axhline(CHANCE, color="k", lw=0.6, ls=":")
-    ax_loss.axhline(math.log(2), color="k", lw=0.6, ls=":")
-    ax_spt.set_title("SPT loss (masked pixels)"), ax_spt.set_xlabel("SPT step")
-    ax_loss.set_title("finetuning train loss (chance: ln 2)"), ax_loss.set_xlabel("finetuning step")
-    ax_acc.set_title("val accuracy (1,000 images)"), ax_acc.set_xlabel("finetuning step")
+    ax_loss.axhline(floor, color="k", lw=0.6, ls=":")
+    ax_spt.set_title("SPT loss (masked pixels; dots: val)"), ax_spt.set_xlabel("SPT step")
+    ax_loss.set_title("val loss (dotted: the best constant answer)"), ax_loss.set_xlabel("labelled step")
+    ax_acc.set_title("val accuracy (1,000 images)"), ax_acc.set_xlabel("labelled step")
     for a in (ax_spt, ax_loss, ax_acc):
         a.grid(alpha=0.3)
         a.legend(fontsize=7) if a.get_legend_handles_labels()[0] else None
@@ -310,7 +368,8 @@ def plot_curves(runs, path):
 
 def plot_maps(runs, path):
     """One val image's layer-0 attention, head-averaged, at init, after SPT and after
-    finetuning (the first SPT seed), beside the scratch run of that seed after training."""
+    finetuning (the first SPT seed), beside the scratch run of that seed after training
+    (both start from the same init: build_model seeds with --seed)."""
     import torch
     import analysis
     import train_spt
@@ -338,6 +397,8 @@ def main(argv=None):
         raise ValueError(f"--action={cfg['action']}: choose run or report")
     if cfg["slots"] < 1:
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
+    if cfg["max_core_hours"] <= 0:
+        raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
     return run(cfg) if cfg["action"] == "run" else report(cfg)
 
 
