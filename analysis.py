@@ -21,15 +21,13 @@ work on any attention maps, ours or someone else's:
   attention_report    all of the above for one model and its maps, as plain numbers
   attention_at_init   how local a freshly initialised model's attention is, per seed,
                       as multiples of uniform attention (init torch, gpt2, amos)
-  plot_attention, plot_proximity, plot_evolution   the figures
-  report, seed_table, plot_curves, plot_val_accuracy   tables and figures gathered
-                      from run folders (train_spt.py --report=DIR,...): one row per
-                      run, and runs that differ only in --seed as mean +- std
+  plot_attention, plot_proximity, plot_evolution, plot_image_attention   the figures
+  Observations        a training run's attention at init, after SPT and finetuned
+                      (the tables and figures of run folders: spt_report.py)
 
 Imports torch, numpy and (for figures) matplotlib, and from this project only model.py.
 """
 
-import json
 import math
 import os
 
@@ -195,13 +193,29 @@ def plt_figure(*args, **kwargs):
 
 
 def save_figure(plt, fig, path, dpi):
-    """The PNG is written to a temp file, then renamed (training.atomic_write): a full disk
-    never leaves half a figure, and a link at `path` is refused."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
+    """The PNG goes to a temp file beside `path`, then is renamed over it: a crash or a
+    full disk never leaves half a figure. In this project through runfiles.write_file
+    (a run folder's manifest lists the file); copied alone, with the few lines below."""
     try:
-        training.atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
+        import runfiles
+        write = runfiles.write_file
+    except ImportError:
+        write = _write_atomically
+    try:
+        write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     finally:
         plt.close(fig)
+
+
+def _write_atomically(path, write):
+    tmp = os.path.join(os.path.dirname(path), f".sptflt-tmp.{os.getpid()}.{os.path.basename(path)}")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def plot_attention(maps, path, title, n_examples=2):
@@ -303,205 +317,6 @@ def plot_evolution(rows, path, n_cols=6):
 
 
 # -----------------------------------------------------------------------------
-# Runs: figures and tables from run folders (config.json, log.jsonl, summary.json)
-
-def plot_curves(out_dir):
-    """curves.png in out_dir: train loss per step, val loss and val accuracy per epoch,
-    from its log.jsonl (training.read_log: a last line cut short by a kill is dropped)."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
-    plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5))
-    records = training.read_log(out_dir)
-    for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue")):
-        steps = [r for r in records if r.get("phase") == phase and "loss" in r]
-        vals = [r for r in records if r.get("phase") == phase and "val_loss" in r]
-        if steps:
-            axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], color=color, label=phase)
-        if vals:
-            axes[1].plot([r["epoch"] for r in vals], [r["val_loss"] for r in vals], "o-", color=color, label=phase)
-            if phase == "finetune":
-                axes[2].plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-", color=color)
-    for ax, title in zip(axes, ("train loss (per step)", "val loss (per epoch)", "val accuracy (finetuning)")):
-        ax.set_title(title)
-        ax.legend() if ax.get_legend_handles_labels()[0] else None
-    fig.tight_layout()
-    save_figure(plt, fig, os.path.join(out_dir, "curves.png"), 90)
-
-
-def plot_evolution_of_runs(run_dirs, path, n_cols=6):
-    """The paper's figure from each run's snapshots.jsonl: one row per (run, phase),
-    n_cols snapshots spread over training (plot_evolution draws it)."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
-    rows = []
-    for d in run_dirs:
-        snap_path = os.path.join(d, "snapshots.jsonl")
-        if not os.path.exists(snap_path):
-            continue
-        snaps = training.read_jsonl(snap_path)
-        for phase in ("spt", "finetune"):
-            s = [x for x in snaps if x["phase"] == phase]
-            if s:
-                picks = [dict(s[round(i)], mass=s[round(i)]["mass"][PROX_WIDTHS.index(2)])
-                         for i in np.linspace(0, len(s) - 1, min(n_cols, len(s)))]
-                rows.append((f"{os.path.basename(os.path.normpath(d))} {phase}", picks))
-    return plot_evolution(rows, path, n_cols) if rows else None
-
-
-def plot_val_accuracy(runs, path, unfinished=()):
-    """Two panels. Left: SPT val loss per epoch of every run with an SPT phase (and of
-    `unfinished` run folders, stopped before their summary). Right: finetuning val accuracy per
-    epoch, one line per (run_dir, summary): solid when the run starts from SPT weights
-    (its own or a checkpoint's), dashed when from scratch."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
-    plt, (fig, (ax_spt, ax)) = plt_figure(1, 2, figsize=(13, 4.2))
-    for d in [d for d, _ in runs] + list(unfinished):
-        spt = [r for r in training.read_log(d) if r.get("phase") == "spt" and "val_loss" in r]
-        if spt:
-            ax_spt.plot([r["epoch"] for r in spt], [r["val_loss"] for r in spt], "o-", markersize=2,
-                        label=os.path.relpath(d) + (" (stopped)" if d in unfinished else ""))
-    for d, s in runs:
-        spt = s["pretrain_epochs"] > 0 or s["init_from"] not in ("", "resume")
-        vals = [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
-        if vals:
-            ax.plot([r["epoch"] for r in vals], [r["val_acc"] for r in vals], "o-" if spt else "o--",
-                    label=os.path.relpath(d), markersize=3)
-    ax_spt.set_xlabel("SPT epoch"), ax_spt.set_ylabel("SPT val loss (masked tokens)"), ax_spt.grid(alpha=0.3)
-    ax.set_xlabel("finetuning epoch"), ax.set_ylabel("val accuracy"), ax.grid(alpha=0.3)
-    for a in (ax_spt, ax):
-        if a.lines:
-            a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    save_figure(plt, fig, path, 90)
-    return path
-
-
-# -----------------------------------------------------------------------------
-# Gathering results: --report=DIR,... -> one markdown table and two figures
-
-REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
-                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
-
-
-SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "epochs", "init_params",
-              "freeze", "pixel_encoder")
-SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
-
-
-def seed_table(runs):
-    """Runs that differ only in --seed (and in which seed's checkpoint they start from),
-    gathered into one row: mean +- std (n runs) of each SEED_STATS column."""
-    groups = {}
-    for _, s in runs:
-        key = tuple(s.get(c) for c in SEED_GROUP) + (s.get("init_from") not in ("", None),)
-        groups.setdefault(key, []).append(s)
-    lines = ["| " + " | ".join(SEED_GROUP) + " | from a checkpoint | n | " + " | ".join(SEED_STATS) + " |",
-             "|---" * (len(SEED_GROUP) + len(SEED_STATS) + 2) + "|"]
-    for key, members in groups.items():
-        cells = []
-        for c in SEED_STATS:
-            v = np.array([m[c] for m in members if m.get(c) is not None], dtype=float)
-            cells.append(f"{v.mean():.3f} +- {v.std(ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "")
-        lines.append("| " + " | ".join(str(k) for k in key) + f" | {len(members)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def run_summary(out_dir):
-    """A run's summary.json, with the flags it does not record (pixel_encoder, ...) taken
-    from its config.json."""
-    with open(os.path.join(out_dir, "summary.json")) as f:
-        summary = json.load(f)
-    config_path = os.path.join(out_dir, "config.json")
-    if not os.path.exists(config_path):
-        return summary
-    with open(config_path) as f:
-        config = json.load(f)
-    return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
-
-
-RUN_SCRIPTS = ("train_spt.py", "train_flt.py")
-REPORT_DIR = "out/spt_report"     # where --report writes when the first folder given is itself a run
-REPORT_FILES = ("report.md", "val_accuracy.png", "attention_evolution.png")
-
-
-def run_script(d):
-    """The script that wrote the run folder d (its manifest says; a run written before
-    manifests, by its config's keys), or None when d is not a run."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
-    manifest = training.read_manifest(d)
-    if manifest is not None:
-        return manifest["script"] if manifest["script"] in RUN_SCRIPTS else None
-    try:
-        with open(os.path.join(d, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return "train_flt.py" if "variant" in config else "train_spt.py" if "task" in config else None
-
-
-def find_runs(dirs):
-    """The train_spt.py run folders under the comma list `dirs`, walked without following
-    links, each once by its real path: (finished runs, unfinished runs, other scripts' runs)."""
-    seen, finished, unfinished, other = set(), [], [], []
-    for top in dirs.split(","):
-        if not os.path.isdir(top):
-            raise FileNotFoundError(f"--report={dirs}: {top} is not a folder")
-        for root, subdirs, files in os.walk(top):
-            subdirs.sort()
-            real = os.path.realpath(root)
-            if not {"log.jsonl", "summary.json"} & set(files) or real in seen:
-                continue
-            seen.add(real)
-            script = run_script(root)
-            if script != "train_spt.py":
-                other.append(root)
-            elif "summary.json" in files and not os.path.islink(os.path.join(root, "summary.json")):
-                finished.append(root)
-            else:
-                unfinished.append(root)
-    return finished, unfinished, other
-
-
-def report_folder(dirs, out_dir=""):
-    """Where report.md and the figures go: --out_dir if given, else the first folder
-    given unless it is itself a run (its own figures must not be replaced, nor its
-    parent written into), else REPORT_DIR."""
-    first = dirs.split(",")[0]
-    if out_dir:
-        return out_dir
-    return first if run_script(first) is None else REPORT_DIR
-
-
-def report(dirs, out_dir=""):
-    """--report: one table of the train_spt.py runs under `dirs` (runs of other scripts
-    are left out, and said so), report.md and two figures, written where report_folder
-    says and never over a file --report did not write."""
-    import training  # here, not at the top: analysis.py imports alone with model.py
-    finished, unfinished, other = find_runs(dirs)
-    if other:
-        print(f"left out (not train_spt.py runs): {', '.join(other)}")
-    if not finished:
-        raise FileNotFoundError(f"no finished train_spt.py run (summary.json) under {dirs}")
-    runs = [(d, run_summary(d)) for d in finished]
-    lines = ["| run | " + " | ".join(REPORT_COLUMNS) + " |", "|---" * (len(REPORT_COLUMNS) + 1) + "|"]
-    for d, s in runs:
-        cells = [f"{s.get(c):.4g}" if isinstance(s.get(c), float) else str(s.get(c, "")) for c in REPORT_COLUMNS]
-        lines.append(f"| {d} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n\n" + seed_table(runs)
-    print(table)
-    where = report_folder(dirs, out_dir)
-    outputs = training.claim_outputs(where, "train_spt.py --report", REPORT_FILES)
-    try:
-        training.write_text(os.path.join(where, "report.md"), table + "\n")
-        print(f"report: {os.path.join(where, 'report.md')}; SPT loss and val accuracy figure: "
-              f"{plot_val_accuracy(runs, os.path.join(where, 'val_accuracy.png'), unfinished)}")
-        fig = plot_evolution_of_runs([d for d, _ in runs], os.path.join(where, "attention_evolution.png"))
-        if fig:
-            print(f"attention evolution figure: {fig}")
-    finally:
-        outputs.release()
-    return table
-
-
-# -----------------------------------------------------------------------------
 # A training run's attention (train_spt.py): the maps at each stage, their statistics,
 # the snapshots during training and the run's figures
 
@@ -571,10 +386,7 @@ class Observations:
         self.first_maps[STAGE_TITLES[stage]] = maps[0][0]
 
     def plot(self, image=None):
-        """curves.png, proximity.png, attention_evolution.png and, for an image task
-        (`image`: one example's pixels), attention_2d.png."""
-        plot_curves(self.out_dir)
+        """proximity.png and, for an image task (`image`: one example's pixels), attention_2d.png."""
         plot_proximity(self.reports, self.scores, os.path.join(self.out_dir, "proximity.png"))
-        plot_evolution_of_runs([self.out_dir], os.path.join(self.out_dir, "attention_evolution.png"))
         if self.image_task:
             plot_image_attention(image, self.first_maps, os.path.join(self.out_dir, "attention_2d.png"))

@@ -10,6 +10,7 @@ before any work; a user error is one line on stderr, never a traceback.
                  when parsed, and by check_ranges' counts)
   resume_config  what a resumed run continues with (safe flags may change)
   check_memory   a model too large for this machine, refused before anything is allocated
+  check_device   the --device flag names a device this machine has
 """
 
 import ast
@@ -24,7 +25,7 @@ import torch
 # run that diverged. Anything else is a bug in this code and keeps its traceback.
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
                PermissionError, IsADirectoryError, NotADirectoryError)
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)   # a disk that takes no more writes
 BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
 MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
@@ -35,7 +36,8 @@ NAME_MAX, PATH_MAX = 255, 4096   # bytes in one component of a path, and in a wh
 def run_cli(main, argv=None):
     """Call main(argv). A user error (or a full disk) exits with status 1 and the single
     line 'error: ...' on stderr; --debug=True shows the traceback instead. Ctrl-C exits
-    with 130 and the message main attached to it (how to continue, if anything can)."""
+    with 130, SIGTERM (Stopped) with 143, each with the message main attached to it (how
+    to continue, if anything can)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         return main(argv)
@@ -45,8 +47,18 @@ def run_cli(main, argv=None):
             raise
         sys.exit("error: " + " ".join(str(e).split()))      # exit status 1, one line whatever the message
     except KeyboardInterrupt as e:
-        print("interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
-        sys.exit(130)
+        word = getattr(e, "word", "interrupted")
+        print(word + (f"; {e}" if str(e) and str(e) != word else ""), file=sys.stderr)
+        sys.exit(getattr(e, "status", 130))
+
+
+class Stopped(KeyboardInterrupt):
+    """A run stopped by Ctrl-C ("interrupted", exit 130) or SIGTERM ("terminated", exit
+    143, as a shell reports a job killed by it); the message says how to continue."""
+
+    def __init__(self, word, message, status):
+        super().__init__(message)
+        self.word, self.status = word, status
 
 
 # -----------------------------------------------------------------------------
@@ -195,3 +207,15 @@ def memory_available():
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
     except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_device(device):
+    """The device --device=auto|cpu|cuda|cuda:N|mps names on this machine (auto: cuda if
+    present); one that is unknown or absent here is refused."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device={device}; choose auto, cpu, cuda, cuda:N or mps")
+    if (kind == "cuda" and not torch.cuda.is_available()) or (kind == "mps" and not torch.backends.mps.is_available()):
+        raise ValueError(f"--device={device} but this machine has no {kind} device; use --device=cpu or auto")
+    return device

@@ -46,6 +46,7 @@ Command line:
     python data_lra.py --task=pathfinder --generate --format=lra   (PNG + metadata)
 """
 
+import errno
 import hashlib
 import io
 import json
@@ -517,9 +518,26 @@ def write_listops_tsv(path, rows):
 
 
 def _atomic_write_text(path, text):
-    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    training.atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    _write_atomically(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _write_atomically(path, write):
+    """write(f) into a temp file beside `path`, then rename it over `path`: a kill or a full
+    disk never leaves half a cache file, and the temp file never outlives a failure. (This
+    file carries these lines itself so that it can be copied with pathfinder.py alone.)"""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".sptflt-tmp.{os.getpid()}.{os.path.basename(path)}")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(e.errno, f"no space left to write {path}; free some space and run again") from None
+        raise
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 # -----------------------------------------------------------------------------
@@ -551,9 +569,8 @@ def sidecar_matches(path, key, files):
 def write_sidecar(path, key, files):
     """Write the sidecar of `files` (after them, atomically): `key` (a JSON dict saying
     what the files were made with) and each file's sha256 under its name."""
-    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     meta = dict(key=key, sha256={os.path.basename(p): _sha256(p) for p in files})
-    _atomic_write_text(path, training.to_json(meta, indent=1))
+    _atomic_write_text(path, json.dumps(meta, indent=1))
 
 
 def _split_80_10_10(n, split, seed=0):
@@ -767,9 +784,8 @@ def _load_npz(path, key):
 
 
 def _save_npz(path, key, **arrays):
-    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    training.atomic_write(path, lambda f: np.savez(f, **arrays))
+    _write_atomically(path, lambda f: np.savez(f, **arrays))
     write_sidecar(path + ".json", key, [path])
 
 
@@ -814,7 +830,6 @@ def export_pathfinder_lra(folder, images, labels, margins=None, batch_size=1000,
 
 def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties=tuple(DIFFICULTIES)):
     """A PNG with one row of generated samples per difficulty, labels in the titles."""
-    import training  # here, not at the top: data_lra.py imports alone with pathfinder.py
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -832,7 +847,7 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
-        training.atomic_write(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+        _write_atomically(path, lambda f: fig.savefig(f, dpi=100, format="png"))
     finally:
         plt.close(fig)
     return path

@@ -46,8 +46,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-import training
+import runfiles
 from analysis import save_figure
+from training import read_log
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
 COMPARE_DIR = "out/flt_compare"      # --compare's folder when --out_dir is not given: never a run's
@@ -191,7 +192,7 @@ def verdict_line(summary):
             f"{outcome.get(s['diverged_reason'], 'it learned')}; residual norm peak {s['max_residual_norm']:.0f}")
 
 
-def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
+def collapse_fields(reference, val, final_loss, h_unigram):
     """The summary's collapse fields, given --reference=DIR (a finished 1-loop run, same
     data, recipe, lr, budget and eval set): collapse, the rule on the run's whole val
     curve {step: loss} against the reference's at the steps both have
@@ -199,6 +200,7 @@ def collapse_fields(reference, val, ref_curve, final_loss, h_unigram):
     or lost what it learned), lagging (behind at the end; still improving or stalled),
     or none; collapse_kept = (H_unigram - final val loss) / (H_unigram - the reference's
     final val loss)."""
+    ref_curve = val_curve(read_log(reference))
     ref_final = ref_curve[max(ref_curve)]
     verdict, why = judge_curves(val, ref_curve, final_loss, h_unigram)
     kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
@@ -213,13 +215,12 @@ def compare(dirs, out_dir=None):
     """--compare: the figures and compare.md of the finished runs in `dirs`, drawn into
     out_dir (COMPARE_DIR if None), a folder that holds no run (a run's own figures are
     never replaced), replacing only files an earlier --compare wrote there
-    (training.claim_outputs). Returns the table's rows."""
+    (runfiles.claim_outputs). Every run is read, and the folder checked, before
+    anything is written. Returns the table's rows."""
     out = out_dir or COMPARE_DIR
-    held = [f for f in training.RESULT_FILES if os.path.exists(os.path.join(out, f))]
-    if held:
-        raise FileExistsError(f"--out_dir={out} holds a run ({', '.join(held)}); --compare draws into a folder "
-                              f"that is not a run, e.g. --out_dir={COMPARE_DIR}")
-    outputs = training.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
+    for d in dirs:
+        load_run(d)
+    outputs = runfiles.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
     try:
         return plot_runs(dirs, out)
     finally:
@@ -270,7 +271,7 @@ def plot_runs(dirs, out_dir, quiet=False):
               grad_flow_table(runs, "attn")] + [
         test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
                                                              ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
-    training.write_text(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
+    runfiles.write_file(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
     if not quiet:
         print("\n".join(rows))
         print(f"figures: {', '.join(os.path.join(out_dir, n) for n in CURVES)}, flt_map_<recipe>.png")
@@ -292,7 +293,7 @@ def load_run(d):
                          f"config has no optim); train it again to compare it")
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in training.read_log(d)],
+    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in read_log(d)],
                            summary=as_numbers(summary))
 
 
@@ -315,7 +316,7 @@ def rejudge(r):
     if not ref_dir or not os.path.exists(os.path.join(ref_dir, "log.jsonl")):
         return r
     r.summary["collapse"], r.summary["collapse_reason"] = judge_curves(
-        val_curve(r.log), val_curve(training.read_log(ref_dir)), r.summary["final_val_loss"],
+        val_curve(r.log), val_curve(read_log(ref_dir)), r.summary["final_val_loss"],
         r.summary["unigram_entropy"])
     return r
 

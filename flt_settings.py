@@ -8,15 +8,15 @@ is written. train_flt.py keeps DEFAULTS and calls these.
   check_config     every flag in its range, and only the flags that apply to this data and recipe
   only_flags       --compare and --evaluate read finished runs: no training flag beside them
   resume_config    what --init_from=resume continues with (RESUME_SAFE flags may change)
-  reference_curve  the 1-loop reference run of --reference, checked to be trained alike
+  check_reference  the 1-loop reference run of --reference, checked to be trained alike
 """
 
 import json
 import os
 
 import configurator
-import training
 from flt_report import val_curve
+from training import read_log
 from looped import LOSS_TYPES, VARIANTS
 
 # The recipes, applied over DEFAULTS and before the command line: a key given as a flag
@@ -53,10 +53,13 @@ def get_config(defaults, argv, doc):
     given = configurator.given_keys(argv)
     if cfg["compare"]:
         only_flags(given, "compare", ("out_dir",))
+        cfg["out_dir"] = cfg["out_dir"] if "out_dir" in given else ""     # "": flt_report.COMPARE_DIR
     elif cfg["evaluate"]:
         only_flags(given, "evaluate", ("test_loops", "device"))
     else:
         check_config(cfg, given)
+        if cfg["reference"]:
+            check_reference(cfg)
     return cfg
 
 
@@ -113,13 +116,10 @@ def check_config(cfg, explicit):
                          "leave it out")
 
 
-def resume_config(cfg, argv):
-    """The config this call runs with: the command line's, or, with --init_from=resume,
-    the checkpoint's in out_dir with the RESUME_SAFE flags given now
-    (configurator.resume_config). Returns (cfg, checkpoint or None, changed flags)."""
-    if cfg["init_from"] != "resume":
-        return cfg, None, {}
-    ckpt = training.load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+def resume_config(ckpt, cfg, argv):
+    """--init_from=resume: the checkpoint's config, with the RESUME_SAFE flags given now
+    (configurator.resume_config); a checkpoint of train_spt.py, or a run whose log.jsonl
+    is gone, is refused."""
     if "variant" not in ckpt["config"]:
         raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_flt.py (train_spt.py's?); resume it "
                          f"with the script that wrote it")
@@ -130,20 +130,21 @@ def resume_config(cfg, argv):
                                               per_call=("stop_step", "debug"))
     if changed:
         print(f"resuming with changed flags (checkpoint's -> now): {changed}")
-    return cfg, ckpt, changed
+    if cfg["reference"]:
+        check_reference(cfg)
+    return cfg
 
 
-def reference_curve(cfg):
-    """The val curve {step: val loss} of the finished 1-loop reference run in
-    --reference, after checking that it was trained and evaluated like this run:
-    one loop, same data, recipe, lr, budget, sizes and eval set."""
+def check_reference(cfg):
+    """--reference names a finished 1-loop run trained and evaluated like this run: one
+    loop, same data, recipe, lr, budget, sizes and eval set. Returns its val curve."""
     folder = cfg["reference"]
     try:
         with open(os.path.join(folder, "config.json")) as f:
             ref = json.load(f)
         with open(os.path.join(folder, "summary.json")) as f:
             finished = "final_val_loss" in json.load(f)
-        records = training.read_log(folder)
+        records = read_log(folder)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(f"--reference={folder} is not a finished run folder ({e})") from None
     if not finished:

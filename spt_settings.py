@@ -1,9 +1,10 @@
 """
-The flags of train_spt.py: every key of DEFAULTS is a --key=value flag; --task=NAME
-starts from that task's values (TASKS: Amos et al.'s configs), --preset=NAME then
-applies a named set of overrides (PRESETS), and the command line applies last.
+The named settings of train_spt.py, whose DEFAULTS sit at the top of the script:
+--task=NAME starts from that task's values (TASKS: Amos et al.'s configs), --preset=NAME
+then applies a named set of overrides (PRESETS), and the command line applies last.
 check_config refuses a bad value, or a flag that does not apply to the run
-(flag_scope), in one line before any work is done.
+(flag_scope), in one line before any work is done; resume_config says what
+--init_from=resume continues with.
 
     python train_spt.py --task=synthetic --pretrain_epochs=0     # any key, as --key=value
     python train_spt.py --task=pathfinder --preset=cpu           # a named set of overrides
@@ -14,59 +15,12 @@ import hashlib
 import os
 
 import synthetic
+import configurator
 from configurator import check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list
 from model import PARAM_GROUPS, TransformerConfig
-from training import load_checkpoint, weights_finite
+from runfiles import load_checkpoint
 
 IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
-
-DEFAULTS = dict(
-    task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
-    pretrain_task="",        # "" = the task itself; else pretrain on another task's data
-    data_dir="data",
-    data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
-    n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
-    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14
-    max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
-    n_train=0,               # use only the first n training examples (0 = all)
-    n_eval=0,                # use only the first n val/test examples (0 = all)
-    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
-    overwrite=False,         # replace the results of an earlier run in out_dir
-    seed=0,
-    # model
-    pos_enc="sinusoidal", pool="mean", dropout=0.0,
-    init="torch",            # torch: PyTorch's layer defaults; gpt2: N(0, 0.02); amos: PyTorch's with
-                             # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code: the LRA tasks')
-    pixel_encoder="token",   # token: one embedding per grey level; linear: Amos et al.'s grey value in
-                             # [-1, 1] and a mask flag through nn.Linear(2, d) (image, pathfinder, pathx)
-    # self-pretraining
-    spt_objective="masked",  # masked | causal (next-token)
-    save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
-    # finetuning and the ablations
-    init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
-    init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
-    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
-                             # random init from scratch, at the SPT values after SPT
-    patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as Amos et al.)
-    max_hours=24.0,          # wall-time cap of each phase (Amos et al.: 24 h on one GPU)
-    # optimisation (AdamW)
-    weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
-    warmup_steps=0,          # linear warmup of the finetuning phase, in optimizer steps...
-    pretrain_warmup_steps=0, # ... and of the SPT phase
-    warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
-    pretrain_lr=0.0,         # 0 = same as lr
-    pretrain_schedule="",    # "" = same as schedule
-    preset="",               # "", cpu or cpu_rescue: a named set of overrides, applied before the flags (PRESETS)
-    # logging and analysis
-    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
-    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
-    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
-    report="",               # comma list of folders: gather their summary.json into a table (written into
-                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
-    # system
-    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
-    compile=False, num_workers=0, debug=False,
-)
 
 # Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-
 # <task>[-mlm].yaml: "-mlm" is their SPT phase). Where a value is not in those files it says so.
@@ -180,16 +134,33 @@ def flag_scope(cfg):
                          "a run that pretrains itself; --init_from=CHECKPOINT finetunes from that checkpoint instead"))
 
 
-def get_config(argv):
-    """Two passes: --task picks the task's defaults, then every --key=value applies."""
-    task = flag_value(argv, "task", DEFAULTS["task"])
+def get_config(defaults, argv, doc=""):
+    """Two passes: --task picks the task's values and --preset its overrides, then every
+    --key=value applies; then the checks. A run's out_dir defaults to default_out_dir."""
+    task = flag_value(argv, "task", defaults["task"])
     if task not in TASKS:
         raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
-    preset = flag_value(argv, "preset", DEFAULTS["preset"])
+    preset = flag_value(argv, "preset", defaults["preset"])
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
-    cfg = configure({**DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv, __doc__)
-    return check_config(cfg, given_keys(argv))
+    cfg = configure({**defaults, **TASKS[task], **preset_values(preset, task)}, argv, doc)
+    cfg = check_config(cfg, given_keys(argv))
+    if not cfg["report"]:
+        cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg, defaults)
+    return cfg
+
+
+def resume_config(ckpt, cfg, argv):
+    """--init_from=resume: the checkpoint's config, with the RESUME_SAFE flags given now
+    (configurator.resume_config); a checkpoint of train_flt.py is refused."""
+    if "task" not in ckpt["config"]:
+        raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_spt.py (train_flt.py's?); "
+                         f"resume it with the script that wrote it")
+    cfg, changed = configurator.resume_config(ckpt["config"], cfg, given_keys(argv), RESUME_SAFE,
+                                              per_call=("halt_after_steps", "debug"))
+    if changed:
+        print(f"resuming with changed flags (checkpoint's -> now): {changed}")
+    return cfg
 
 
 def check_config(cfg, given=()):
@@ -198,7 +169,7 @@ def check_config(cfg, given=()):
     if cfg["report"] and set(given) - {"report", "out_dir", "debug"}:
         raise ValueError(f"--report gathers finished runs and takes no other flag but --out_dir (got "
                          f"{', '.join('--' + k for k in given if k not in ('report', 'out_dir', 'debug'))})")
-    schedules = ("cosine", "linear", "constant")   # training.lr_at's
+    schedules = ("cosine", "linear", "constant")   # training.Schedule's (warmdown is train_flt's)
     choices = dict(pretrain_task=("",) + tuple(TASKS), spt_objective=("masked", "causal"),
                    data_source=("auto", "generated", "release"),
                    schedule=schedules, pretrain_schedule=("",) + schedules)
@@ -245,7 +216,7 @@ def check_config(cfg, given=()):
         if not os.path.exists(cfg["init_from"]):
             raise FileNotFoundError(f"--init_from={cfg['init_from']}: no such checkpoint")
         given_ckpt = load_checkpoint(cfg["init_from"])
-        if not weights_finite(given_ckpt["model"]):
+        if not all(v.isfinite().all() for v in given_ckpt["model"].values() if v.is_floating_point()):
             raise ValueError(f"--init_from={cfg['init_from']} holds NaN or inf weights (its run diverged); "
                              f"finetune from an earlier checkpoint of it")
         check_shape_of(given_ckpt, cfg)
@@ -264,10 +235,10 @@ def check_shape_of(ckpt, cfg, keys=("depth", "n_embd", "n_head", "ffn_mult")):
                          f"give this run the same model flags")
 
 
-def default_out_dir(cfg):
+def default_out_dir(cfg, defaults):
     """out/<task>_d<depth>_<pretrain_epochs>ep, plus every other flag that differs
     from the task's defaults, so two different runs never share a folder."""
-    base = {**DEFAULTS, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
+    base = {**defaults, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
     skip = {"task", "depth", "pretrain_epochs", "out_dir", "overwrite", "device", "dtype", "compile",
             "num_workers", "debug", "log_every", "halt_after_steps"}
     extra = "".join(f"_{k}-{cfg[k]}" for k in base if k not in skip and cfg[k] != base[k])

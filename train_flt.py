@@ -11,15 +11,15 @@ norms per loop, oscillation, collapse, the test-time loop curve. Recipes, checks
   python train_flt.py --evaluate=out/flt --test_loops=24       # the test-time loop curve of a checkpoint
 
 Read top to bottom: DEFAULTS, evaluate, the schedules, BlockGradRecorder, then main ->
-setup_run -> train (THE loop) -> finish -> summarize (its statistics: flt_report.py).
+setup -> train (THE loop) -> finish -> summarize (its statistics: flt_report.py). The run's
+folder, log, resume point and stop on a signal are training.Run's.
 """
 
+import json
 import math
 import os
-import shlex
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,12 +27,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import configurator
+import cost
 import flt_report
-import flt_settings
-import training
+from configurator import run_cli
 from corpora import eval_set, get_batch, load_data, unigram_entropy
+from flt_settings import get_config, resume_config
 from looped import LoopedConfig, LoopedTransformer
+from training import NonFiniteGuard, Run, Schedule, grad_sync, load_checkpoint, load_weights, setup_runtime, wrap
 
 # -----------------------------------------------------------------------------
 # Defaults: every key is a --key=value flag (--help lists them). The optimisation keys hold
@@ -127,23 +128,17 @@ def evaluate(model, eval_xy, n_loops, rt):
 
 # --- the recipe's schedules and the diagnostics ---------------------------------
 
-def lr_multiplier(it, cfg):
-    """The factor every base lr is multiplied by at step it (0-based). warmdown (the
-    authors'): 1 until step max_steps - W, then (max_steps - it) / W, reaching 0,
-    W = round(warmdown_frac * max_steps); after a linear warmup if warmup_steps > 0.
-    cosine, linear, constant: training.lr_at, as in the AdamW baseline recipe."""
-    if cfg["schedule"] != "warmdown":
-        return training.lr_at(it, cfg["max_steps"], 1.0, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_frac"])
-    if it < cfg["warmup_steps"]:
-        return (it + 1) / cfg["warmup_steps"]
-    warmdown = round(cfg["warmdown_frac"] * cfg["max_steps"])
-    return 1.0 if it <= cfg["max_steps"] - warmdown else (cfg["max_steps"] - it) / warmdown
-
-
 def muon_momentum(it):
     """Muon's momentum at step it: 0.85 -> 0.95 linearly over the first 300 steps, then 0.95."""
     lo, hi, n = MUON_MOMENTUM
     return lo + (hi - lo) * min(it / n, 1.0)
+
+
+def lr_multiplier(it, cfg):
+    """The factor every base lr is multiplied by at step it (0-based): training.Schedule's
+    (warmdown, the authors': flat, then linear to 0 over the last warmdown_frac)."""
+    return Schedule(cfg["schedule"], cfg["max_steps"], cfg["warmup_steps"], cfg["min_lr_frac"],
+                    cfg["warmdown_frac"]).lr(it, 1.0)
 
 
 def set_schedules(optimizers, base_lrs, it, cfg):
@@ -154,6 +149,12 @@ def set_schedules(optimizers, base_lrs, it, cfg):
             group["lr"] = base * lr_now
             if isinstance(o, torch.optim.Muon):
                 group["momentum"] = muon_momentum(it)
+
+
+def grad_norm(parameters):
+    """Total L2 norm of the gradients (what clip_grad_norm_ measures)."""
+    norms = [p.grad.detach().norm() for p in parameters if p.grad is not None]
+    return torch.stack(norms).norm() if norms else torch.zeros(())
 
 
 class BlockGradRecorder:
@@ -204,86 +205,48 @@ class BlockGradRecorder:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cfg = flt_settings.get_config(DEFAULTS, argv, __doc__)      # one-line errors before any work
+    cfg = get_config(DEFAULTS, argv, __doc__)                   # one-line errors before any work
     if cfg["compare"]:
-        given = configurator.given_keys(argv)
-        return flt_report.compare(cfg["compare"].split(","), cfg["out_dir"] if "out_dir" in given else None)
+        return flt_report.compare(cfg["compare"].split(","), cfg["out_dir"] or None)
     if cfg["evaluate"]:
         return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
     # The run folder: a run refuses an out_dir that holds another run's results (--overwrite=True
     # replaces them) and writes nothing there until its flags, data and model have been checked.
-    resume = cfg["init_from"] == "resume"
-    with training.RunFolder(cfg["out_dir"], "train_flt.py", cfg["overwrite"], resume) as folder:
-        run = setup_run(cfg, argv, folder)
-        try:
-            nan_stop = train(run)
-        except KeyboardInterrupt:
-            raise training.interrupted(run.ckpt_path) from None
-        return finish(run, nan_stop)
+    with Run(cfg, "train_flt.py", argv, resume_config) as run:
+        raw, optimizers, base_lrs, data = setup(run)
+        nan_stop = train(run, raw, optimizers, base_lrs, data)
+        return finish(run, raw, data, nan_stop)
 
 
-
-
-@dataclass
-class Run:
-    """What one training run holds, built (with keywords) by setup_run, which writes
-    nothing until every check has passed; the loop and its helpers read it."""
-    cfg: dict                   # the flags (the checkpoint's on resume)
-    rt: training.Runtime
-    raw: LoopedTransformer      # the bare model: checkpoints, hooks, evaluation
-    model: torch.nn.Module      # what the step calls (raw, under torch.compile / DDP)
-    optimizers: list
-    base_lrs: list              # per optimizer, per group: the lr the schedule multiplies
-    train: np.ndarray
-    vocab: int
-    is_bytes: bool
-    model_args: dict
-    log: training.RunLog
-    say: object                 # print on rank 0 (through tqdm), silent elsewhere
-    eval_xy: tuple              # the fixed eval set (x, y) (corpora.eval_set)
-    ref_curve: dict             # the 1-loop reference's val curve {step: loss} (--reference), or None
-    step: int                   # the step this call starts from (the checkpoint's on resume)
-    wall_before: float          # training seconds spent before this call (resumed runs)
-    ckpt_path: str              # out_dir/ckpt.pt
-    t_start: float = 0.0        # when this call's training loop started
-
-
-def setup_run(cfg, argv, folder):
-    """Check the flags, the out_dir, the data and the model; build the model and the
-    optimizers (restored from out_dir/ckpt.pt with --init_from=resume); only then
-    claim out_dir and start the log. Returns a Run."""
-    cfg, ckpt, changed = flt_settings.resume_config(cfg, argv)
+def model_args(cfg):
+    """looped.LoopedConfig's arguments from the flags (byte data: 256 tokens)."""
     byte_data = cfg["data"] == "stdlib" or not os.path.isdir(cfg["data"])
-    model_args = dict(vocab_size=256 if byte_data else cfg["vocab_size"], **{k: cfg[k] for k in (
+    return dict(vocab_size=256 if byte_data else cfg["vocab_size"], **{k: cfg[k] for k in (
         "block_size", "n_layer", "n_loops", "n_head", "n_embd", "ffn_mult", "variant", "loss_type", "qk_norm",
         "softcap", "lm_head_std")})
-    LoopedConfig(**model_args)                       # refuses bad model flags before the data is read
-    ref_curve = flt_settings.reference_curve(cfg) if cfg["reference"] else None
-    rt = training.setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
+
+
+def setup(run):
+    """Check the data and the model; build the model and the optimizers (restored from
+    ckpt.pt with --init_from=resume); only then claim out_dir and start the log.
+    Returns (model, optimizers, their base lrs, data: train, eval_xy, vocab, is_bytes)."""
+    cfg, rt = run.cfg, run.rt
+    LoopedConfig(**model_args(cfg))                  # refuses bad model flags before the data is read
     train, val, vocab, is_bytes = load_data_rank0_first(cfg, rt)
-    training.record_fingerprint(cfg, training.data_fingerprint(array_pieces(train)))   # resume: the same data
-    raw = LoopedTransformer(LoopedConfig(**model_args)).to(rt.device)
+    run.fingerprint(train)                                           # resume: the same data
+    raw = LoopedTransformer(LoopedConfig(**model_args(cfg))).to(rt.device)
     optimizers = build_optimizers(raw, cfg, rt)
     base_lrs = [[cfg["lr_mult"] * g["lr"] for g in o.param_groups] for o in optimizers]  # the flags, also on resume
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    step, wall_before = restore(ckpt, raw, optimizers, ckpt_path) if ckpt else (0, 0.0)
-    model = torch.compile(raw) if cfg["compile"] else raw
-    if rt.ddp:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-    folder.begin()                                                   # checks done: write
-    log = training.RunLog(cfg["out_dir"], cfg, keep=training.up_to_step(step) if ckpt else None,
-                          command=shlex.join(["python", "train_flt.py", *argv]))
-    if ckpt:
-        log.log(step=step, event="resume", changed=changed)
-    say = tqdm.write if rt.master else (lambda *a, **k: None)
-    say(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; data: {len(train):,} train / "
-        f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {cfg['variant']} x{cfg['n_loops']} loops, "
-        f"{raw.num_params():,} parameters" + (f"; resuming at step {step}" if step else ""))
-    return Run(cfg=cfg, rt=rt, raw=raw, model=model, optimizers=optimizers, base_lrs=base_lrs, train=train,
-               vocab=vocab, is_bytes=is_bytes, model_args=model_args, log=log, say=say,
-               eval_xy=eval_set(val, cfg), ref_curve=ref_curve, step=step, wall_before=wall_before,
-               ckpt_path=ckpt_path)
+    if run.ckpt:
+        run.restore(raw, optimizers)                                 # weights, optimizers, RNG
+    step = run.ckpt["step"] if run.ckpt else 0
+    x, y = get_batch(train, cfg, 0, 0, rt.rank, device=rt.device)
+    cost.choose_dtype(run, raw, lambda: raw(x, y)[1])                # --dtype=fast
+    run.begin(keep=lambda r: r.get("step", 0) <= step, at=dict(step=step))   # checks done: write
+    run.say(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; data: {len(train):,} train / "
+            f"{len(val):,} val {'bytes' if is_bytes else 'tokens'}; {cfg['variant']} x{cfg['n_loops']} loops, "
+            f"{raw.num_params():,} parameters" + (f"; resuming at step {step}" if step else ""))
+    return raw, optimizers, base_lrs, dict(train=train, eval_xy=eval_set(val, cfg), vocab=vocab, is_bytes=is_bytes)
 
 
 def load_data_rank0_first(cfg, rt):
@@ -300,17 +263,6 @@ def load_data_rank0_first(cfg, rt):
     return train, val, vocab, is_bytes
 
 
-def array_pieces(a, limit=2**26, n=1024, size=2**16):
-    """The bytes of a training array to fingerprint: all of it up to `limit` bytes, else
-    its shape and n evenly spaced slices of `size` bytes (a token file may be many GB)."""
-    flat = np.asarray(a).reshape(-1)
-    if flat.nbytes <= limit:
-        return [str(a.shape).encode(), flat.tobytes()]
-    step = max(1, size // flat.itemsize)
-    starts = np.linspace(0, len(flat) - step, n).astype(np.int64)
-    return [str(a.shape).encode()] + [flat[s:s + step].tobytes() for s in starts]
-
-
 def build_optimizers(raw, cfg, rt):
     """The recipe's optimizers: [AdamW, Muon] for --optim=muon, [AdamW] for adamw."""
     betas = (cfg["beta1"], cfg["beta2"])
@@ -320,75 +272,72 @@ def build_optimizers(raw, cfg, rt):
     return [raw.configure_optimizers(cfg["weight_decay"], cfg["lr"], betas, cfg["adam_eps"], rt.device_type)]
 
 
-def restore(ckpt, raw, optimizers, path):
-    """Load a checkpoint's weights, optimizer states and RNG state into this run, so
-    it continues exactly. Returns (step, training seconds spent so far)."""
-    if not isinstance(ckpt["optimizer"], list):
-        raise ValueError(f"{path} holds one optimizer state, not one per optimizer of the recipe; "
-                         f"it cannot be resumed, only rerun")
-    training.load_state(raw, ckpt["model"])
-    for o, state in zip(optimizers, ckpt["optimizer"]):
-        o.load_state_dict(state)
-    torch.set_rng_state(ckpt["rng"].cpu())
-    if "cuda_rng" in ckpt and torch.cuda.is_available():
-        torch.cuda.set_rng_state(ckpt["cuda_rng"].cpu())
-    return ckpt["step"], ckpt["wall_time"]
-
-
-def train(r):
-    """THE training loop, from r.step to max_steps (or --stop_step). One step: set the
-    scheduled lr and momentum; per micro-batch, a batch, the forward pass and its loss,
-    the backward pass; the gradient norm; clipping; the optimizer steps. Around it:
-    diagnostics logged every step, val loss every eval_interval steps, a checkpoint
-    every ckpt_interval. Returns the step whose loss or gradient was NaN/inf (the run
-    stops there, nothing of that step kept), or None."""
-    cfg, rt, raw = r.cfg, r.rt, r.raw
+def train(run, raw, optimizers, base_lrs, data):
+    """THE training loop, from the resume point's step to max_steps (or --stop_step). One
+    step: set the scheduled lr and momentum; per micro-batch, a batch, the forward pass
+    and its loss, the backward pass; the gradient norm; clipping; the optimizer steps.
+    Around it: diagnostics logged every step, val loss every eval_interval steps, a
+    checkpoint every ckpt_interval. Returns the step whose loss or gradient was NaN/inf
+    (the run stops there, nothing of that step kept), or None."""
+    cfg, rt = run.cfg, run.rt
+    model = wrap(raw, rt, cfg["compile"])                             # DDP, torch.compile
     params = [p for p in raw.parameters() if p.requires_grad]
     n_loops, n_micro = cfg["n_loops"], cfg["grad_accum"]
+    done = first = run.ckpt["step"] if run.ckpt else 0
     last_step = min(cfg["max_steps"], cfg["stop_step"]) if cfg["stop_step"] > 0 else cfg["max_steps"]
-    r.t_start = time.time()
-    pbar = tqdm(range(r.step, last_step), initial=r.step, total=last_step, disable=not rt.master, desc=cfg["variant"])
+    guard, t0 = NonFiniteGuard(run, cfg["variant"]), time.time()
+    run.saver = lambda: run.save_resume(raw, optimizers, step=done)   # Ctrl-C or SIGTERM: save, then stop
+    pbar = tqdm(range(first, last_step), initial=first, total=last_step, disable=not rt.master, desc=cfg["variant"])
     recorder = BlockGradRecorder(raw.blocks, enabled=not cfg["compile"])
     for it in pbar:
-        set_schedules(r.optimizers, r.base_lrs, it, cfg)
+        set_schedules(optimizers, base_lrs, it, cfg)
         loss_sum, res_norms = 0.0, torch.zeros(n_loops, device=rt.device)
         recorder.start(n_loops, len(raw.blocks))
         for micro in range(n_micro):
             # a pure function of (seed, step, micro-step, rank): a resumed run draws the same batches
-            x, y = get_batch(r.train, cfg, it, micro, rt.rank, device=rt.device)
+            x, y = get_batch(data["train"], cfg, it, micro, rt.rank, device=rt.device)
             recorder.next_micro()
-            with training.grad_sync(r.model, rt, last_micro=micro == n_micro - 1), rt.autocast():
-                _, loss, stats = r.model(x, y, return_stats=True)       # forward: loss on the chosen loops
+            with grad_sync(model, rt, last_micro=micro == n_micro - 1), rt.autocast():
+                _, loss, stats = model(x, y, return_stats=True)         # forward: loss on the chosen loops
             (loss / n_micro).backward()                                 # backward
             loss_sum += loss.item() / n_micro
             res_norms += stats["residual_norms"] / n_micro
         loss_now, res_norms = mean_over_ranks(loss_sum, res_norms, rt)
-        g_total = training.grad_norm(params).item()                     # before clipping
-        if not_finite(r, loss_now, g_total, it + 1):
+        g_total = grad_norm(params).item()                              # before clipping
+        try:                                                            # NaN or inf: stop before the update
+            guard.record(torch.tensor(loss_now), torch.tensor(g_total), it + 1)
+            guard.check()
+        except FloatingPointError as e:
+            run.say(f"stopping: the loss is {loss_now} and the gradient norm {g_total}: the run diverged. {e}")
             return it + 1
-        block_norms = [training.grad_norm(b.parameters()).item() for b in raw.blocks]
+        block_norms = [grad_norm(b.parameters()).item() for b in raw.blocks]
         if cfg["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])    # clip
-        for o in r.optimizers:
+        for o in optimizers:
             o.step()                                                    # update
             o.zero_grad(set_to_none=True)
         done = it + 1
         # log.jsonl, one record per step. residual_norms: per loop t, the mean over tokens of
         # ||x_L^(t)||_2, the residual stream after the last block of loop t, before the final norm;
         # {out,attn,mlp}_grad_norms: BlockGradRecorder's, per (loop, block)
-        r.log.log(step=done, loss=loss_now, lr=cfg["lr"] * cfg["lr_mult"] * lr_multiplier(it, cfg),
-                  grad_norm=g_total, block_grad_norms=block_norms,
-                  residual_norms=[round(v, 4) for v in res_norms.tolist()],
-                  **{f"{k}_grad_norms": v for k, v in recorder.norms(n_micro).items()})
+        run.log(step=done, loss=loss_now, lr=cfg["lr"] * cfg["lr_mult"] * lr_multiplier(it, cfg),
+                grad_norm=g_total, block_grad_norms=block_norms,
+                residual_norms=[round(v, 4) for v in res_norms.tolist()],
+                **{f"{k}_grad_norms": v for k, v in recorder.norms(n_micro).items()})
         pbar.set_postfix(loss=f"{loss_now:.3f}", res=f"{res_norms[-1].item():.1f}")
-        print_eta(r, done, last_step)
+        if done - first == 5:
+            per_step = (time.time() - t0) / 5
+            run.say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min "
+                    f"for {last_step - done} more steps")
         if done % cfg["eval_interval"] == 0 or done == cfg["max_steps"]:      # the val curve, on the fixed eval set
-            ev = evaluate(raw, r.eval_xy, n_loops, rt)
-            r.log.log(step=done, val_loss=ev["loss"][-1],
-                      **({"val_accuracy": ev["accuracy"][-1]} if cfg["data"] == "listops" else {}))
+            ev = evaluate(raw, data["eval_xy"], n_loops, rt)
+            run.log(step=done, val_loss=ev["loss"][-1],
+                    **({"val_accuracy": ev["accuracy"][-1]} if cfg["data"] == "listops" else {}))
         if done % cfg["ckpt_interval"] == 0 or done == last_step:
-            save_run_checkpoint(r, done)
+            run.save_resume(raw, optimizers, step=done)
+        run.tick()                                                      # a signal stops here
     pbar.close()
+    run.saver = None
     return None
 
 
@@ -403,93 +352,57 @@ def mean_over_ranks(loss, res_norms, rt):
     return t.item() / rt.world_size, res_norms / rt.world_size
 
 
-def not_finite(r, loss, g_total, step):
-    """True, after saying so, if the loss or the gradient norm of this step is NaN or
-    inf: the caller stops before the optimizer step, so nothing of it is saved."""
-    if math.isfinite(loss) and math.isfinite(g_total):
-        return False
-    r.say(f"stopping: the loss is {loss} and the gradient norm {g_total} at step {step}: the run "
-          f"diverged. Nothing from this step was saved; {training.last_good_checkpoint(r.ckpt_path)}.")
-    return True
-
-
-def print_eta(r, done, last_step):
-    """Once, 5 steps into this call: the seconds per step and the time left."""
-    if done - r.step == 5 and r.rt.master:
-        per_step = (time.time() - r.t_start) / 5
-        r.say(f"{per_step:.2f} s/step; ETA {per_step * (last_step - done) / 60:.1f} min "
-              f"for {last_step - done} more steps")
-
-
-def save_run_checkpoint(r, steps_done):
-    """ckpt.pt (rank 0, atomic, finite weights only): weights, optimizer states, step,
-    the config, the RNG state and the training seconds so far: all that
-    --init_from=resume needs."""
-    if not r.rt.master:
-        return
-    state = {"model": r.raw.state_dict(), "optimizer": [o.state_dict() for o in r.optimizers],
-             "step": steps_done, "model_args": r.model_args, "config": r.cfg, "rng": torch.get_rng_state(),
-             "wall_time": r.wall_before + time.time() - r.t_start}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state()
-    training.save_checkpoint(r.ckpt_path, state)
-
-
-def finish(r, nan_stop):
+def finish(run, raw, data, nan_stop):
     """After the loop: a run halted by --stop_step just says how to continue. A run
     that ended (at max_steps, or stopped by a NaN) gets summary.json, its figures
     and, on byte data with --sample_tokens, a sample. Returns the summary (None when halted)."""
-    cfg, rt = r.cfg, r.rt
+    cfg, rt = run.cfg, run.rt
     if nan_stop is None and 0 < cfg["stop_step"] < cfg["max_steps"]:
-        r.say(f"stopped at step {cfg['stop_step']} (--stop_step); continue with --init_from=resume")
-        r.model = r.raw                          # the DDP wrapper goes before its process group
-        training.close_ddp(rt)
+        run.say(f"stopped at step {cfg['stop_step']} (--stop_step); continue with --init_from=resume")
         return None
-    summary = summarize(r, nan_stop, r.wall_before + time.time() - r.t_start)
+    summary = summarize(run, raw, data, nan_stop)
     if rt.ddp:
-        summary["ddp_replicas_identical"] = training.replica_max_diff(r.raw, rt) == 0.0
-    r.log.summary(summary)
+        summary["ddp_replicas_identical"] = run.replica_max_diff(raw) == 0.0
+    run.write_summary(summary)
     if rt.master:
-        r.say(training.to_json({k: v for k, v in summary.items() if not isinstance(v, list)}))
-        r.say(flt_report.verdict_line(summary))
-        if r.is_bytes and cfg["sample_tokens"] and nan_stop is None:
+        run.say(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))
+        run.say(flt_report.verdict_line(summary))
+        if data["is_bytes"] and cfg["sample_tokens"] and nan_stop is None:
             prompt = torch.tensor([list(b"The ")], device=rt.device)
-            out = r.raw.generate(prompt, cfg["sample_tokens"], temperature=0.8, top_k=40)[0].tolist()
-            r.say(bytes(out).decode("utf-8", errors="replace"))
+            out = raw.generate(prompt, cfg["sample_tokens"], temperature=0.8, top_k=40)[0].tolist()
+            run.say(bytes(out).decode("utf-8", errors="replace"))
         flt_report.plot_runs([cfg["out_dir"]], cfg["out_dir"], quiet=True)
-    r.model = r.raw                              # the DDP wrapper goes before its process group
-    training.close_ddp(rt)
     return summary
 
 
-def summarize(r, nan_stop, wall_time):
+def summarize(run, raw, data, nan_stop):
     """summary.json: what a table of runs needs, computed from log.jsonl (so a
     resumed run is summarised over its whole history) and one final evaluation on
     the eval set, read at 1..n_test inference loops (the test-time loop curve)."""
-    cfg, rt, K = r.cfg, r.rt, r.cfg["n_loops"]
-    records = training.read_log(cfg["out_dir"]) if rt.master else []
+    cfg, rt, K = run.cfg, run.rt, run.cfg["n_loops"]
+    records = flt_report.read_log(cfg["out_dir"]) if rt.master else []
     steps = [rec for rec in records if "loss" in rec]
     val = flt_report.val_curve(records)
     tail = steps[len(steps) - max(1, len(steps) // 10):]
     final_train = float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan")
     # H: the entropy (nats/token) of the training data's unigram distribution, the loss of a
     # model that ignores context
-    h_unigram = unigram_entropy(r.train, r.vocab)
+    h_unigram = unigram_entropy(data["train"], data["vocab"])
     # the test-time loop curve: the trained model read after 1, 2, ..., n_test inference loops, default
     # max(2K, 12), so it covers the authors' budgets 1, 3, 6, 9, 12 and 2K (evaluate() says what is read)
     n_test = max(cfg["test_loops"] or max(2 * K, 12), K)
-    curve = evaluate(r.raw, r.eval_xy, n_test, rt) if nan_stop is None else {}
+    curve = evaluate(raw, data["eval_xy"], n_test, rt) if nan_stop is None else {}
     # diverged: the loss or gradient became NaN/inf ("nan"), or the run plateaued at the context-free
     # level ("plateau"): the mean train loss over the last 10% of steps (at least the last one) >= 0.95 H
     reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
     out = {
         "variant": cfg["variant"], "n_loops": K, "n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"],
-        "loss_type": cfg["loss_type"], "params": r.raw.num_params(), "steps": len(steps),
+        "loss_type": cfg["loss_type"], "params": raw.num_params(), "steps": len(steps),
         "final_train_loss": final_train,
         "min_train_loss": float(min(rec["loss"] for rec in steps)) if steps else float("nan"),
         "final_val_loss": curve["loss"][K - 1] if curve else float("nan"),
         "val_steps": sorted(val), "val_curve": [val[k] for k in sorted(val)],
-        "eval_set_size": len(r.eval_xy[0]),
+        "eval_set_size": len(data["eval_xy"][0]),
         "unigram_entropy": h_unigram,
         **flt_report.gradient_statistics([rec["grad_norm"] for rec in steps[:cfg["osc_steps"]]]),
         **flt_report.residual_statistics(steps, K),
@@ -498,11 +411,11 @@ def summarize(r, nan_stop, wall_time):
         "test_hidden_norm": curve.get("hidden_norm", []), "test_logit_entropy": curve.get("logit_entropy", []),
         **({"final_val_accuracy": curve["accuracy"][K - 1] if curve else float("nan"),
             "test_val_accuracy": curve.get("accuracy", [])} if cfg["data"] == "listops" else {}),
-        "wall_time_s": round(wall_time, 1),
+        "wall_time_s": round(run.elapsed(), 1),
     }
-    if r.ref_curve is not None:
-        out.update(flt_report.collapse_fields(cfg["reference"], val, r.ref_curve, out["final_val_loss"], h_unigram))
-    if r.is_bytes:
+    if cfg["reference"]:                            # the 1-loop reference run, checked at the start
+        out.update(flt_report.collapse_fields(cfg["reference"], val, out["final_val_loss"], h_unigram))
+    if data["is_bytes"]:
         out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
     return out
 
@@ -511,18 +424,18 @@ def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
     """--evaluate: the test-time loop curve of a finished run, from its ckpt.pt and
     config: evaluate() on the run's eval set at 1..test_loops loops (0 = max(2K, 12)).
     Prints one line per loop count and returns the dict of lists. Writes nothing."""
-    ckpt = training.load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+    ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
     cfg = ckpt["config"]
-    if "variant" not in cfg or "model_args" not in ckpt:
+    if "variant" not in cfg:
         raise ValueError(f"--evaluate={run_dir} is not a run of train_flt.py (its checkpoint has no looped model); "
                          f"evaluate only train_flt.py runs")
     missing = [k for k in DEFAULTS if k not in cfg]
     if missing:
         raise ValueError(f"--evaluate={run_dir} was written by an older train_flt.py (its config has no "
                          f"{', '.join(missing)}); train it again to evaluate it")
-    rt = training.setup_runtime(device, "float32", cfg["seed"])
-    model = LoopedTransformer(LoopedConfig(**ckpt["model_args"])).to(rt.device)
-    training.load_state(model, ckpt["model"])
+    rt = setup_runtime(device, "float32", cfg["seed"])
+    model = LoopedTransformer(LoopedConfig(**model_args(cfg))).to(rt.device)
+    load_weights(model, ckpt["model"])
     _, val, _, _ = load_data(cfg)
     n_test = max(test_loops or max(2 * cfg["n_loops"], 12), 1)
     curve = evaluate(model, eval_set(val, cfg), n_test, rt)
@@ -534,5 +447,5 @@ def evaluate_checkpoint(run_dir, test_loops=0, device="auto"):
 
 
 if __name__ == "__main__":
-    result = configurator.run_cli(main)
+    result = run_cli(main)
     sys.exit(2 if isinstance(result, dict) and result.get("diverged_reason") == "nan" else 0)

@@ -26,27 +26,78 @@ or gradient stops it, and checkpoints hold finite weights only.
 
 import math
 import os
-import shlex
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import analysis
 import cost
+import spt_report
 import synthetic
-from configurator import given_keys, parse_int_list, resume_config, run_cli
+from configurator import run_cli
 from model import Transformer, TransformerConfig, select_params
-from spt_settings import IMAGE_TASKS, RESUME_SAFE, check_data, default_out_dir, get_config
-from training import (NonFiniteGuard, RunClock, RunFolder, RunLog, append_text, close_ddp, data_fingerprint,
-                      example_bytes, grad_sync, interrupted, load_checkpoint, load_state, lr_at, record_fingerprint,
-                      replica_max_diff, save_checkpoint, setup_runtime, to_json, unwrap)
+from spt_settings import IMAGE_TASKS, check_data, get_config, resume_config
+from training import NonFiniteGuard, Run, Schedule, grad_sync, load_checkpoint, load_weights, wrap
+
+# -----------------------------------------------------------------------------
+# The flags: every key is a --key=value flag (--help lists them). --task=NAME starts from
+# Amos et al.'s values for that task and --preset=NAME applies a named set of overrides
+# (spt_settings.py: TASKS, PRESETS, and the checks that refuse a bad flag before any work).
+
+DEFAULTS = dict(
+    task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
+    pretrain_task="",        # "" = the task itself; else pretrain on another task's data
+    data_dir="data",
+    data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
+    n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
+    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14
+    max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
+    n_train=0,               # use only the first n training examples (0 = all)
+    n_eval=0,                # use only the first n val/test examples (0 = all)
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    seed=0,
+    # model
+    pos_enc="sinusoidal", pool="mean", dropout=0.0,
+    init="torch",            # torch: PyTorch's layer defaults; gpt2: N(0, 0.02); amos: PyTorch's with
+                             # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code: the LRA tasks')
+    pixel_encoder="token",   # token: one embedding per grey level; linear: Amos et al.'s grey value in
+                             # [-1, 1] and a mask flag through nn.Linear(2, d) (image, pathfinder, pathx)
+    # self-pretraining
+    spt_objective="masked",  # masked | causal (next-token)
+    mask_ratio=0.15,         # the share of real tokens SPT hides (per task: spt_settings.TASKS; Amos et al.'s)
+    save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
+    # finetuning and the ablations
+    init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
+    init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
+    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
+                             # random init from scratch, at the SPT values after SPT
+    patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as Amos et al.)
+    max_hours=24.0,          # wall-time cap of each phase (Amos et al.: 24 h on one GPU)
+    # optimisation (AdamW)
+    weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
+    warmup_steps=0,          # linear warmup of the finetuning phase, in optimizer steps...
+    pretrain_warmup_steps=0, # ... and of the SPT phase
+    warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
+    pretrain_lr=0.0,         # 0 = same as lr
+    pretrain_schedule="",    # "" = same as schedule
+    preset="",               # "", cpu or cpu_rescue: a named set of overrides, applied before the flags
+                             # (spt_settings.PRESETS)
+    # logging and analysis
+    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
+    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
+    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
+    report="",               # comma list of folders: gather their summary.json into a table (written into
+                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
+    # system
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
+    compile=False, num_workers=0, debug=False,
+)
 
 # -----------------------------------------------------------------------------
 # Data: synthetic.py or data_lra.py, one interface
@@ -205,13 +256,8 @@ def build_model(cfg, datasets):
 def hybrid_init(model, ckpt_path, which):
     """Copy only the parameter group `which` from an SPT checkpoint; the rest stay
     at their random init (claim 5). Returns the names copied."""
-    state = load_checkpoint(ckpt_path)["model"]
     names = select_params(model, which)
-    missing = [k for k in names if k not in state]
-    if missing:
-        raise ValueError(f"{ckpt_path} lacks {missing}; was it saved by a model of this shape?")
-    mixed = {k: state[k] if k in names else v for k, v in model.state_dict().items()}
-    load_state(model, mixed)
+    load_weights(model, ckpt_path, names)
     return names
 
 
@@ -230,13 +276,13 @@ def freeze(model, which):
 # -----------------------------------------------------------------------------
 # One training phase (SPT or finetuning): the loop, then what it hangs on
 
-def train_phase(name, model, train_ds, val_ds, run, resume=None):
+def train_phase(name, model, train_ds, val_ds, run):
     """Train `model` in place. name='spt': masked reconstruction, best = lowest val
     loss. name='finetune': classification, best = highest val accuracy. Returns the
     Phase: its best checkpoint (best_path) and state (best score, steps, ...)."""
     cfg, rt, accum = run.cfg, run.rt, run.cfg["grad_accum"]
     p = Phase(name, model, train_ds, val_ds, run)
-    p.restore(resume)
+    run.saver = p.save                          # Ctrl-C or SIGTERM: save the resume point, then stop
     while p.state["epoch"] < p.epochs:
         for micro, batch in enumerate(p.epoch_batches(train_ds)):
             tokens, pad_mask, labels = to_device(batch, rt)
@@ -258,14 +304,16 @@ def train_phase(name, model, train_ds, val_ds, run, resume=None):
             if k < accum - 1:
                 continue
             for group in p.optimizer.param_groups:                       # warmup, then decay
-                group["lr"] = lr_at(p.state["step"], p.total_steps, p.lr, p.warmup, p.schedule)
+                group["lr"] = p.schedule.lr(p.state["step"], p.lr)
             gnorm = torch.nn.utils.clip_grad_norm_(p.params, cfg["grad_clip"] or float("inf"))
             p.guard.record(loss, gnorm, p.state["step"] + 1)             # on a CPU: stops before the update
             p.optimizer.step()
             p.optimizer.zero_grad(set_to_none=True)
-            p.after_step(loss, gnorm)              # log, ETA, attention snapshots, ckpt_every, halt
+            p.after_step(loss, gnorm)              # log, ETA, attention snapshots, ckpt_every
+            run.tick()                             # a signal or --halt_after_steps stops here
         if p.end_of_epoch():                       # evaluate, keep the best, save ckpt.pt; True: stop
             break
+    run.saver = None
     for param in (model.head if p.spt else model.lm_head).parameters():   # the other phase's head
         param.requires_grad_(True)
     return p
@@ -283,38 +331,32 @@ class Phase:
         self.epochs = cfg["pretrain_epochs"] if self.spt else cfg["epochs"]
         self.steps_per_epoch = len(train_ds) // self.global_batch
         self.total_steps = self.epochs * self.steps_per_epoch
-        self.warmup = cfg["pretrain_warmup_steps" if self.spt else "warmup_steps"] or \
+        warmup = cfg["pretrain_warmup_steps" if self.spt else "warmup_steps"] or \
             int(cfg["warmup_frac"] * self.total_steps)
         self.lr = (cfg["pretrain_lr"] or cfg["lr"]) if self.spt else cfg["lr"]
-        self.schedule = (cfg["pretrain_schedule"] or cfg["schedule"]) if self.spt else cfg["schedule"]
+        self.schedule = Schedule((cfg["pretrain_schedule"] or cfg["schedule"]) if self.spt else cfg["schedule"],
+                                 self.total_steps, warmup)
         for p in (model.head if self.spt else model.lm_head).parameters():   # unused by this phase
             p.requires_grad_(False)
         self.objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") \
             if self.spt else Classification(model)
         self.optimizer = model.configure_optimizers(cfg["weight_decay"], self.lr, device_type=rt.device_type)
-        self.train_obj = DDP(self.objective, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None) \
-            if rt.ddp else self.objective
-        self.train_obj = torch.compile(self.train_obj) if cfg["compile"] else self.train_obj
+        self.train_obj = wrap(self.objective, rt, cfg["compile"])        # DDP, torch.compile
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.mask_gen, self.rng = mask_generator(cfg), None
         self.state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
-        self.guard = NonFiniteGuard(rt, name, os.path.join(cfg["out_dir"], "ckpt.pt"))
+        self.guard = NonFiniteGuard(run, name)
         self.best_path = os.path.join(cfg["out_dir"], f"{name}_best.pt")
+        if run.ckpt and run.ckpt["phase"] == name:                       # continue from ckpt.pt
+            run.restore(model, [self.optimizer], rng=False)              # epoch_batches sets the RNG
+            self.state.update({k: run.ckpt[k] for k in self.state})
+            self.mask_gen.set_state(run.ckpt["mask_gen"])
+            self.rng = run.ckpt["rng"]
         if rt.master:
             print(f"[{name}] {len(train_ds)} train / {len(val_ds)} val examples, {self.epochs} epochs x "
                   f"{self.steps_per_epoch} steps, lr {self.lr:g}, {sum(p.numel() for p in self.params):,} "
                   f"trainable parameters", flush=True)
         self.t0 = time.time()
-
-    def restore(self, resume):
-        """Continue from ckpt.pt if it was saved in this phase: optimizer, state, mask
-        stream, and the torch RNG to rewind to where the loop resumes."""
-        if resume is None or resume["phase"] != self.name:
-            return
-        self.optimizer.load_state_dict(resume["optimizer"])
-        self.state.update({k: resume[k] for k in self.state if k in resume})
-        self.mask_gen.set_state(resume["mask_gen"])
-        self.rng = resume["torch_rng"]
 
     def epoch_batches(self, train_ds):
         """This epoch's micro-batches from where the phase stands, with a progress bar.
@@ -336,8 +378,8 @@ class Phase:
 
     def after_step(self, loss, gnorm):
         """Count the step; log every log_every steps (and the first), print the phase's
-        ETA after 20 steps, snapshot the attention every snapshot_attn_every steps, save
-        ckpt.pt every ckpt_every steps, and halt after --halt_after_steps."""
+        ETA after 20 steps, snapshot the attention every snapshot_attn_every steps, and
+        save ckpt.pt every ckpt_every steps."""
         cfg, rt, state = self.run.cfg, self.run.rt, self.state
         state["step"] += 1
         state["step_in_epoch"] += 1
@@ -345,19 +387,17 @@ class Phase:
         self.bar.update(1)
         if step % cfg["log_every"] == 0 or step == 1:
             self.guard.check()
-            self.run.log.log(phase=self.name, step=step, epoch=state["epoch"], loss=loss.item(),
-                             lr=self.optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
+            self.run.log(phase=self.name, step=step, epoch=state["epoch"], loss=loss.item(),
+                         lr=self.optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
             self.bar.set_postfix(loss=f"{loss.item():.4f}")
         if rt.master and step == 20:
             eta = (time.time() - self.t0) / 20 * (self.total_steps - 20)
             print(f"[{self.name}] ~{eta / 60:.1f} min for this phase at the current speed", flush=True)
         if cfg["snapshot_attn_every"] and step % cfg["snapshot_attn_every"] == 0 and rt.master:
             record = analysis.attention_snapshot(self.model, self.val_ds, rt.device)
-            append_text(os.path.join(cfg["out_dir"], "snapshots.jsonl"),
-                        to_json(dict(phase=self.name, step=step, **record)) + "\n")
+            self.run.log("snapshots.jsonl", phase=self.name, step=step, **record)
         if cfg["ckpt_every"] and step % cfg["ckpt_every"] == 0:
             self.save()
-        self.run.clock.tick(self.bar)
 
     def end_of_epoch(self):
         """Evaluate; keep the best weights (SPT: lowest val loss; finetuning: highest val
@@ -374,15 +414,13 @@ class Phase:
         score = -metrics["loss"] if self.spt else metrics["acc"]
         improved = state["best"] is None or score > state["best"]
         state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
-        self.run.log.log(phase=self.name, step=state["step"], epoch=epoch, val_loss=metrics["loss"],
-                         val_acc=metrics["acc"], **({} if self.spt else {"val_loss_se": metrics["loss_se"]}))
-        weights = dict(model=unwrap(self.model).state_dict(), config=cfg, epoch=epoch)
+        self.run.log(phase=self.name, step=state["step"], epoch=epoch, val_loss=metrics["loss"],
+                     val_acc=metrics["acc"], **({} if self.spt else {"val_loss_se": metrics["loss_se"]}))
         if improved:
             state.update(best=score, best_epoch=epoch)
-            if rt.master:
-                save_checkpoint(self.best_path, dict(**weights, **metrics))
-        if rt.master and self.spt and epoch in parse_int_list("save_epochs", cfg["save_epochs"]):
-            save_checkpoint(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), weights)
+            self.run.save_weights(self.best_path, self.model, epoch=epoch, **metrics)
+        if self.spt and epoch in {int(e) for e in cfg["save_epochs"].split(",") if e.strip()}:
+            self.run.save_weights(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), self.model, epoch=epoch)
         if rt.master:
             print(f"[{self.name}] epoch {epoch}/{self.epochs}: val loss {metrics['loss']:.4f}"
                   + ("" if self.spt else f", val acc {metrics['acc']:.4f}") + (" (best)" if improved else ""),
@@ -392,15 +430,12 @@ class Phase:
         return bool(stop_early) or time.time() - self.t0 > cfg["max_hours"] * 3600
 
     def save(self):
-        """ckpt.pt: everything --init_from=resume needs to continue exactly (weights,
-        optimizer, mask stream, torch RNG, config, the phase's state), after checking
-        that the weights were never updated with a NaN gradient."""
+        """ckpt.pt, the resume point (training.Run.save_resume), after checking that the
+        weights were never updated with a NaN gradient: the phase's state, its mask
+        stream and optimizer with the weights, the RNG and the config."""
         self.guard.check()
-        if self.run.rt.master:
-            save_checkpoint(os.path.join(self.run.cfg["out_dir"], "ckpt.pt"), dict(
-                phase=self.name, model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
-                mask_gen=self.mask_gen.get_state(), torch_rng=torch.get_rng_state(), config=self.run.cfg,
-                wall_time=self.run.clock.elapsed(), **self.state))
+        self.run.save_resume(self.model, [self.optimizer], phase=self.name, mask_gen=self.mask_gen.get_state(),
+                             **self.state)
 
 
 @torch.no_grad()
@@ -440,52 +475,23 @@ def evaluate(objective, ds, cfg, rt, phase):
 PHASES = ("spt", "finetune")
 
 
-@dataclass
-class Run:
-    """What both phases share: the config, the runtime, the log, the clock and the
-    attention observations."""
-    cfg: dict
-    rt: object
-    log: RunLog
-    clock: RunClock
-    seen: analysis.Observations
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cfg = get_config(argv)
+    cfg = get_config(DEFAULTS, argv, __doc__)
     if cfg["report"]:
-        return analysis.report(cfg["report"], cfg["out_dir"])
-    cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg)
-    resume = cfg["init_from"] == "resume"
-    with RunFolder(cfg["out_dir"], "train_spt.py", cfg["overwrite"], resume) as folder:
-        ckpt = None
-        if resume:                                  # the folder given, the checkpoint's config
-            ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-            if "task" not in ckpt["config"]:
-                raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_spt.py (train_flt.py's?); "
-                                 f"resume it with the script that wrote it")
-            cfg, changed = resume_config(ckpt["config"], cfg, given_keys(argv), RESUME_SAFE,
-                                         per_call=("halt_after_steps", "debug"))
-            if changed:
-                print(f"resuming with changed flags (checkpoint's -> now): {changed}")
-        rt = setup_runtime(cfg["device"], cfg["dtype"], cfg["seed"])
-        cost.announce(cfg, rt)                                        # a long run says so first
-        data = load_splits(cfg, rt)
-        model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
-        folder.begin()                                                # every check passed: write
-        log = RunLog(cfg["out_dir"], cfg, keep=ckpt and written_before(ckpt),
-                     command=shlex.join(["python", "train_spt.py", *argv]), also=("snapshots.jsonl",))
-        if ckpt:
-            log.log(phase=ckpt["phase"], step=ckpt["step"], event="resume", changed=cfg["resumes"][-1])
-        run = Run(cfg, rt, log, RunClock(cfg["halt_after_steps"], ckpt.get("wall_time", 0.0) if ckpt else 0.0),
-                  analysis.Observations(cfg["out_dir"], cfg["task"] in IMAGE_TASKS, rt.master))
-        try:
-            summary = run_phases(run, data, model, ckpt)
-        except KeyboardInterrupt:
-            raise interrupted(os.path.join(cfg["out_dir"], "ckpt.pt")) from None
-        close_ddp(rt)
-        return summary
+        return spt_report.report(cfg["report"], cfg["out_dir"])
+    # The run folder: a run refuses an out_dir that holds another run's results (--overwrite=True
+    # replaces them) and writes nothing there until its flags, data and model have been checked.
+    with Run(cfg, "train_spt.py", argv, resume_config) as run:
+        cost.announce(run.cfg, run.rt)                                # a long run says so first
+        data = load_splits(run)
+        model = build_model(run.cfg, [data["train"], data["pretrain"]]).to(run.rt.device)
+        cost.choose_dtype(run, model, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
+        ckpt = run.ckpt
+        run.begin(keep=ckpt and written_before(ckpt), at=ckpt and dict(phase=ckpt["phase"], step=ckpt["step"]),
+                  also=("snapshots.jsonl",))
+        seen = analysis.Observations(run.cfg["out_dir"], run.cfg["task"] in IMAGE_TASKS, run.rt.master)
+        return run_phases(run, data, model, seen)
 
 
 def written_before(ckpt):
@@ -503,35 +509,34 @@ def written_before(ckpt):
     return keep
 
 
-def load_splits(cfg, rt):
+def load_splits(run):
     """The task's train/val/test splits and the pretraining task's train/val, checked."""
+    cfg = run.cfg
     data = {s: load_data(cfg["task"], s, cfg) for s in ("train", "val", "test")}
     pre_task = cfg["pretrain_task"] or cfg["task"]
     same = pre_task == cfg["task"]
     data["pretrain"] = data["train"] if same else load_data(pre_task, "train", cfg)
     data["pretrain_val"] = data["val"] if same else load_data(pre_task, "val", cfg)
-    check_data(cfg, rt, data)
-    record_fingerprint(cfg, data_fingerprint(example_bytes(ds) for ds in (data["train"], data["pretrain"])))
+    check_data(cfg, run.rt, data)
+    run.fingerprint(data["train"], data["pretrain"])              # a resumed run: the same data
     return data
 
 
-def run_phases(run, data, model, ckpt):
+def run_phases(run, data, model, seen):
     """Phase 1 (SPT, unless finetuning from a given checkpoint), phase 2 (finetuning from
     a fresh model holding (part of) the SPT weights), then the test accuracy."""
-    cfg, rt = run.cfg, run.rt
+    cfg, rt, ckpt = run.cfg, run.rt, run.ckpt
     if rt.master:
         print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
               f"{len(data['train'])}/{len(data['val'])}/{len(data['test'])} train/val/test; pretraining on "
               f"{cfg['pretrain_task'] or cfg['task']}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
-    run.seen.observe("init", model, data["val"], rt.device)
+    seen.observe("init", model, data["val"], rt.device)
     given = cfg["init_from"] not in ("", "resume")
     pretrain = cfg["pretrain_epochs"] > 0 and not given
     spt_ckpt, spt = (cfg["init_from"] if given else None), None
     if pretrain and not (ckpt and ckpt["phase"] == "finetune"):
-        if ckpt:
-            load_state(model, ckpt["model"])
-        spt = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run, ckpt)
-        spt_ckpt, ckpt = spt.best_path, None
+        spt = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)
+        spt_ckpt = spt.best_path
     elif pretrain:
         spt_ckpt = os.path.join(cfg["out_dir"], "spt_best.pt")
     if rt.ddp:
@@ -539,31 +544,24 @@ def run_phases(run, data, model, ckpt):
     model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
     if spt_ckpt:
-        run.seen.observe("spt", model, data["val"], rt.device)
+        seen.observe("spt", model, data["val"], rt.device)
         if rt.master:
             print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
     frozen = freeze(model, cfg["freeze"])
-    if ckpt:
-        load_state(model, ckpt["model"])
-    ft = train_phase("finetune", model, data["train"], data["val"], run, ckpt)
+    ft = train_phase("finetune", model, data["train"], data["val"], run)
     if rt.ddp:
         dist.barrier()                                            # rank 0 has written the best checkpoint
-    load_state(model, load_checkpoint(ft.best_path, rt.device)["model"])
+    load_weights(model, ft.best_path)
     test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
-    run.seen.observe("finetune", model, data["val"], rt.device)
-    spt_loss = -spt.state["best"] if spt else spt_best_loss(cfg) if pretrain else None
-    return summarize(run, model, data["val"], dict(
+    seen.observe("finetune", model, data["val"], rt.device)
+    spt_loss = -spt.state["best"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
+    return summarize(run, seen, model, data["val"], dict(
         pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft.state["best"],
         best_epoch=ft.state["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
-        frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.clock.elapsed()))
+        frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.elapsed()))
 
 
-def spt_best_loss(cfg):
-    """The SPT phase's best val loss, from spt_best.pt (a run resumed in finetuning)."""
-    return load_checkpoint(os.path.join(cfg["out_dir"], "spt_best.pt"))["loss"]
-
-
-def summarize(run, model, val_ds, results):
+def summarize(run, seen, model, val_ds, results):
     """summary.json (the run's flags, its results, the attention statistics at each
     stage) and the figures: curves, proximity, attention evolution, the 2-D maps."""
     cfg, rt = run.cfg, run.rt
@@ -573,12 +571,13 @@ def summarize(run, model, val_ds, results):
                    pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"],
                    **results, n_params=model.num_params(), world_size=rt.world_size)
     if rt.ddp:
-        summary["replica_max_diff"] = replica_max_diff(model, rt)
+        summary["replica_max_diff"] = run.replica_max_diff(model)
     if not rt.master:
         return summary
-    summary.update(analysis.stage_statistics(run.seen.reports), proximity=run.seen.reports)
-    run.log.summary(summary)
-    run.seen.plot(val_ds[0][0])
+    summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
+    run.write_summary(summary)
+    seen.plot(val_ds[0][0])
+    spt_report.plot_run(cfg["out_dir"])
     print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), test acc "
           f"{summary['test_acc']:.4f}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
           f"{summary['mass_w2_finetune']:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")

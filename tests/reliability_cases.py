@@ -181,7 +181,7 @@ def main():
 def inproc(script, argv, patch=""):
     """A script's command line run in a fresh Python after `patch` (a line of Python that
     simulates what a test cannot arrange for real, e.g. a full disk)."""
-    code = (f"import sys; sys.path.insert(0, {REPO!r}); import configurator, torch, training, shutil, types; "
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import configurator, torch, training, runfiles, shutil, types; "
             f"import {script} as s; {patch}; configurator.run_cli(s.main, {argv!r})")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
@@ -235,7 +235,7 @@ def round_two(results, work, flt):
     # tracebacks that must be one line
     patch = ("torch.save = lambda *a, **k: (_ for _ in ()).throw(RuntimeError('[enforce fail at "
              "inline_container.cc:672] . PytorchStreamWriter failed writing file')); "
-             "training.shutil.disk_usage = lambda p: types.SimpleNamespace(free=0)")
+             "runfiles.shutil.disk_usage = lambda p: types.SimpleNamespace(free=0)")
     rc, o = inproc("train_spt", SPT + ["--out_dir=full_spt"], patch)
     tmp_left = os.path.isdir("full_spt") and any(".tmp." in n for n in os.listdir("full_spt"))
     results["2 spt disk full mid-run"] = classify(rc, o, wrong=tmp_left or not one_line_error(rc, o))

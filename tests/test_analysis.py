@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import analysis
+import spt_report
 from model import Transformer, TransformerConfig
 
 
@@ -148,8 +149,8 @@ def test_report_keeps_runs_apart_that_differ_only_in_the_pixel_encoder(tmp_path)
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(summary))
         (tmp_path / name / "config.json").write_text(json.dumps(dict(summary, pixel_encoder=encoder, seed=0)))
-    runs = [(name, analysis.run_summary(tmp_path / name)) for name in ("a", "b")]
-    rows = analysis.seed_table(runs).splitlines()[2:]
+    runs = [(name, spt_report.run_summary(tmp_path / name)) for name in ("a", "b")]
+    rows = spt_report.seed_table(runs).splitlines()[2:]
     assert len(rows) == 2 and "| linear |" in rows[0] and "| token |" in rows[1]
 
 
@@ -157,6 +158,6 @@ def test_curves_are_drawn_from_a_log_whose_last_line_is_still_being_written(tmp_
     records = [dict(phase="spt", step=1, loss=2.0), dict(phase="spt", epoch=1, val_loss=1.9),
                dict(phase="finetune", step=2, loss=0.7), dict(phase="finetune", epoch=1, val_loss=0.6, val_acc=0.8)]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"phase": "fin')
-    analysis.plot_curves(str(tmp_path))
+    spt_report.plot_curves(str(tmp_path))
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert "dropped its last line" in capsys.readouterr().err

@@ -20,7 +20,9 @@ import torch
 
 import corpora
 import train_flt
+import spt_settings
 import train_spt
+import runfiles
 import training
 from configurator import run_cli
 from training import load_checkpoint, read_log, save_checkpoint
@@ -30,6 +32,11 @@ SPT = ["--task=synthetic", "--n_train=128", "--n_eval=64", "--batch_size=32", "-
        "--epochs=1", "--pretrain_epochs=1", "--patience=0", "--log_every=1"]
 FLT = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
        "--warmup_steps=1", "--eval_batches=1", "--eval_interval=2", "--osc_steps=3", "--max_steps=4"]
+
+def spt_config(argv):
+    """train_spt.py's config of a command line (its DEFAULTS, then spt_settings' layers)."""
+    return spt_settings.get_config(train_spt.DEFAULTS, argv)
+
 
 
 def cli(script, *argv):
@@ -217,9 +224,9 @@ def test_a_refused_run_leaves_no_folder_and_a_dead_writers_temp_file_is_cleared(
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--n_train=10")[0] == 1   # refused after the lock
     assert not out.exists()
     out.mkdir()
-    (out / f"{training.TMP_PREFIX}.99999999.ckpt.pt").write_bytes(b"half a checkpoint")   # a killed writer's
+    (out / f"{runfiles._TMP_PREFIX}.99999999.ckpt.pt").write_bytes(b"half a checkpoint")   # a killed writer's
     assert cli(train_spt, *SPT, f"--out_dir={out}")[0] == 0
-    assert not [n for n in os.listdir(out) if n.startswith(training.TMP_PREFIX)]
+    assert not [n for n in os.listdir(out) if n.startswith(runfiles._TMP_PREFIX)]
 
 
 def test_a_users_file_named_like_a_temp_file_is_never_removed(tmp_path):
@@ -235,10 +242,10 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
     def full(*a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
     monkeypatch.setattr(torch, "save", full)
-    monkeypatch.setattr(training.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
+    monkeypatch.setattr(runfiles.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
     assert status == 1 and "no space left to write" in message
-    assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(training.TMP_PREFIX)]
+    assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(runfiles._TMP_PREFIX)]
 
 
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
@@ -305,7 +312,7 @@ def test_a_live_writer_keeps_a_second_one_out(tmp_path, text_file):
 
 
 def test_default_out_dir_names_the_flags_that_differ():
-    names = {train_spt.default_out_dir(train_spt.get_config(["--task=synthetic", *extra]))
+    names = {spt_config(["--task=synthetic", *extra])["out_dir"]
              for extra in ([], ["--pos_enc=rope"], ["--pos_enc=learned"], ["--freeze=attn", "--seed=1"])}
     assert len(names) == 4 and "out/synthetic_d1_10ep_pos_enc-rope" in names
 
@@ -459,9 +466,9 @@ def test_atomic_write_refuses_a_link_and_names_its_temp_file_by_pid(tmp_path):
     victim.write_text("the user's")
     os.symlink(victim, tmp_path / "out.json")
     with pytest.raises(FileExistsError, match="symbolic link"):
-        training.write_json(str(tmp_path / "out.json"), {"a": 1})
+        runfiles.write_json(str(tmp_path / "out.json"), {"a": 1})
     assert victim.read_text() == "the user's"
-    assert os.path.basename(training.temp_path("d/x.pt")) == f"{training.TMP_PREFIX}.{os.getpid()}.x.pt"
+    assert os.path.basename(runfiles._temp_path("d/x.pt")) == f"{runfiles._TMP_PREFIX}.{os.getpid()}.x.pt"
 
 
 def test_a_folder_of_user_files_named_like_ours_is_not_a_run(tmp_path):
@@ -484,9 +491,9 @@ def test_overwrite_removes_only_the_files_the_run_listed(finished_spt, tmp_path)
     assert status == 1 and "attention_for_paper.png" in message
     os.rename(out / "attention_for_paper.png", tmp_path / "kept.png")
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")[0] == 0
-    manifest = json.load(open(out / training.MANIFEST))
+    manifest = json.load(open(out / runfiles._MANIFEST))
     assert manifest["script"] == "train_spt.py" and set(manifest["files"]) == set(os.listdir(out)) - {
-        training.MANIFEST}
+        runfiles._MANIFEST}
 
 
 def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
@@ -497,8 +504,8 @@ def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
     try:
         assert live.stdout.readline().strip() == "held"
         os.remove(out / "run.lock")                                # someone deleted the live run's lock
-        manifest = json.load(open(out / training.MANIFEST))
-        training.write_json(str(out / training.MANIFEST), dict(manifest, pid=live.pid))
+        manifest = json.load(open(out / runfiles._MANIFEST))
+        runfiles.write_json(str(out / runfiles._MANIFEST), dict(manifest, pid=live.pid))
         before = fingerprint(out)
         status, message = cli(train_spt, *SPT, f"--out_dir={out}", "--overwrite=True")
         assert status == 1 and f"in use by another run (pid {live.pid}" in message
@@ -589,7 +596,7 @@ def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snaps
     assert all(torch.equal(a[k], b[k]) for k in a)                        # bit-exact
     strip = lambda recs: [r for r in recs if r.get("event") != "resume"]
     assert strip(read_log(cut)) == strip(read_log(whole))                 # no record twice, none lost
-    snaps = lambda d: [(s["phase"], s["step"]) for s in training.read_jsonl(d / "snapshots.jsonl")]
+    snaps = lambda d: [(s["phase"], s["step"]) for s in runfiles.read_records(d / "snapshots.jsonl")]
     assert snaps(cut) == snaps(whole)
     summary = json.load(open(cut / "summary.json"))
     assert summary["init_from"] == json.load(open(whole / "summary.json"))["init_from"] == ""
@@ -680,7 +687,7 @@ def test_readers_take_only_their_own_scripts_runs(finished_spt, tmp_path, text_f
     assert cli(train_spt, f"--report={tree}")[0] == 0                    # the FLT run is left out
     early = tmp_path / "early"
     assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={early}", "--stop_step=1")[0] == 0
-    training.write_text(str(early / "log.jsonl"), "")                      # still in its first step
+    runfiles.write_file(str(early / "log.jsonl"), "")                      # still in its first step
     status, message = cli(train_flt, f"--compare={early}", f"--out_dir={tmp_path}/c2")
     assert status in (0, 1) and "Traceback" not in message
 

@@ -5,14 +5,18 @@ reading order), checked so that they stay true."""
 import ast
 import inspect
 import pathlib
+import re
+import sys
 
 import pytest
 
 import train_spt
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MAX_LINES = {"train_spt.py": 600, "train_flt.py": 550, "theory.py": 150}
-SHORT_SIGNATURES = ("train_spt.py", "train_flt.py", "training.py", "configurator.py")
+MAX_LINES = {"train_spt.py": 600, "train_flt.py": 550, "theory.py": 150, "training.py": 400}
+SHORT_SIGNATURES = ("train_spt.py", "train_flt.py", "training.py", "configurator.py", "runfiles.py")
+SCRIPTS = ("train_spt.py", "train_flt.py")
+PLUMBING = ("configurator", "training", "runfiles", "spt_settings", "flt_settings")
 
 
 def n_params(fn):
@@ -32,6 +36,59 @@ def test_no_function_takes_more_than_six_parameters(name):
     long = [f"{f.name} ({n_params(f)})" for f in ast.walk(tree)
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and n_params(f) > 6]
     assert not long, f"{name}: {', '.join(long)} take more than 6 parameters (self counted)"
+
+
+def plumbing_names(script):
+    """The names a script takes from the plumbing modules: `from M import a, b` and `M.a`."""
+    tree = ast.parse((ROOT / script).read_text())
+    names = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in PLUMBING
+             for a in n.names}
+    names |= {(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+              and isinstance(n.value, ast.Name) and n.value.id in PLUMBING}
+    return names
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_script_takes_at_most_twelve_names_from_the_plumbing(script):
+    names = plumbing_names(script)
+    assert len(names) <= 12, f"{script} takes {len(names)} plumbing names: {sorted(names)}"
+
+
+def test_the_plumbing_count_sees_both_import_forms(tmp_path, monkeypatch):
+    (tmp_path / "s.py").write_text("import training\nfrom runfiles import a, b\ntraining.Run(); training.x.y\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert plumbing_names("s.py") == {("runfiles", "a"), ("runfiles", "b"), ("training", "Run"), ("training", "x")}
+
+
+def defined(module_file):
+    tree = ast.parse((ROOT / module_file).read_text())
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | \
+        {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+
+
+def test_the_guard_the_schedule_the_resume_point_and_the_run_state_are_defined_once_and_shared():
+    for script in SCRIPTS:
+        text = (ROOT / script).read_text()
+        names = {name for _, name in plumbing_names(script)}
+        assert {"NonFiniteGuard", "Schedule", "Run", "wrap"} <= names, script          # one guard, schedule, run
+        assert "run.save_resume(" in text and "torch.save" not in text, script         # one resume-point writer
+        assert not re.search(r"DistributedDataParallel|isfinite\(loss|class Run\b|def lr_at|signal\.", text), script
+    assert {"NonFiniteGuard", "Schedule", "Run", "wrap"} <= defined("training.py")
+    assert "def save_resume" in (ROOT / "training.py").read_text()
+
+
+def test_the_safety_module_exposes_at_most_eight_names():
+    public = {n for n in defined("runfiles.py") if not n.startswith("_")}
+    assert len(public) <= 8, sorted(public)
+    assert "runfiles" not in (ROOT / "train_spt.py").read_text() + (ROOT / "train_flt.py").read_text()
+
+
+def test_copyable_files_never_import_training():
+    for name in ("data_lra.py", "analysis.py", "model.py", "looped.py", "synthetic.py", "pathfinder.py", "theory.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "training" not in imported, name
 
 
 def test_theory_imports_only_torch_numpy_stdlib_and_model():

@@ -20,6 +20,7 @@ import flt_report  # noqa: E402
 import flt_settings  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
+import runfiles  # noqa: E402
 import training  # noqa: E402
 from training import load_checkpoint, read_log  # noqa: E402
 
@@ -73,7 +74,7 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
             assert [len(row) for row in r[f"{kind}_grad_norms"]] == [1, 1]      # one per (loop, block)
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     s = json.load(open(os.path.join(out, "summary.json")))
-    assert s == json.loads(training.to_json(summary))                  # strict JSON: a NaN is written as null
+    assert s == json.loads(runfiles._to_json(summary))                  # strict JSON: a NaN is written as null
     res = np.array([r["residual_norms"] for r in steps])
     assert s["residual_norm_peak"] == res.max(0).tolist()
     assert s["residual_norm_peak_step"] == [steps[i]["step"] for i in res.argmax(0)]
@@ -200,7 +201,7 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
     config = json.load(open(os.path.join(a, "config.json")))
     del config["optim"]                                               # a run that did not record its recipe
-    training.write_json(os.path.join(a, "config.json"), config)
+    runfiles.write_json(os.path.join(a, "config.json"), config)
     with pytest.raises(ValueError, match="no optim"):
         train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
 
@@ -236,7 +237,7 @@ def test_default_recipe_is_the_authors_and_adamw_is_ours(tmp_path, text_file):
 
 
 def test_warmdown_and_momentum_schedules():
-    cfg = dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100)
+    cfg = dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100, min_lr_frac=0.1)
     lrm = [train_flt.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
     assert lrm == [1.0, 1.0, 1.0, 19 / 20, 10 / 20, 1 / 20]           # flat, then linear to 0 over the last 20
     mom = [train_flt.muon_momentum(it) for it in (0, 150, 300, 2000)]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-import analysis
+import spt_report
 import spt_settings
 import train_spt
 from model import select_params
@@ -19,6 +19,11 @@ from training import load_checkpoint, read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task=synthetic", "--log_every=1", "--patience=0"]
+
+def spt_config(argv):
+    """train_spt.py's config of a command line (its DEFAULTS, then spt_settings' layers)."""
+    return spt_settings.get_config(train_spt.DEFAULTS, argv)
+
 
 
 def run(out_dir, *flags):
@@ -72,8 +77,8 @@ def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
 
 def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
     run(tmp_path, "--n_train=256", "--n_eval=64", "--epochs=2", "--pretrain_epochs=0", "--freeze=attn")
-    fresh = train_spt.build_model(train_spt.get_config(TINY + ["--freeze=attn"]),
-                                  [train_spt.load_data("synthetic", "train", train_spt.get_config(TINY))])
+    fresh = train_spt.build_model(spt_config(TINY + ["--freeze=attn"]),
+                                  [train_spt.load_data("synthetic", "train", spt_config(TINY))])
     trained = load_checkpoint(tmp_path / "finetune_best.pt")["model"]
     start = fresh.state_dict()
     attn = select_params(fresh, "attn")
@@ -84,7 +89,7 @@ def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
 
 def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
     base, _, _ = spt_vs_scratch
-    cfg = train_spt.get_config(TINY)
+    cfg = spt_config(TINY)
     data = [train_spt.load_data("synthetic", "train", cfg)]
     fresh = train_spt.build_model(cfg, data).state_dict()
     model = train_spt.build_model(cfg, data)
@@ -171,7 +176,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
 ])
 def test_config_override_parsing_rejects_bad_keys(argv, message):
     with pytest.raises(ValueError, match=message):
-        train_spt.get_config(argv)
+        spt_config(argv)
 
 
 def test_command_line_error_is_one_clear_line():
@@ -217,7 +222,7 @@ def test_report_averages_runs_that_differ_only_in_seed():
     runs = [("a", dict(base, best_val_acc=0.5, test_acc=0.6)), ("b", dict(base, best_val_acc=0.7, test_acc=0.8)),
             ("c", dict(base, init="gpt2", best_val_acc=0.9, test_acc=0.9)),
             ("d", dict(base, epochs=20, best_val_acc=0.4, test_acc=0.4))]   # longer finetuning: its own row
-    rows = analysis.seed_table(runs).splitlines()[2:]
+    rows = spt_report.seed_table(runs).splitlines()[2:]
     assert len(rows) == 3
     assert "| torch |" in rows[0] and "| 2 | 0.600 +- 0.141 | 0.700 +- 0.141 |" in rows[0]
     assert "| gpt2 |" in rows[1] and "| 1 | 0.900 +- 0.000 |" in rows[1]
@@ -231,10 +236,10 @@ PRESET_4_STEPS = ["--preset=cpu", "--n_train=16", "--n_eval=16", "--batch_size=8
 
 @pytest.mark.parametrize("task,n_generate", [("pathfinder", 200), ("listops", 100)])
 def test_cpu_preset_parses_and_runs_end_to_end(tmp_path, task, n_generate):
-    cfg = train_spt.get_config([f"--task={task}", "--preset=cpu"])
+    cfg = spt_config([f"--task={task}", "--preset=cpu"])
     assert (cfg["depth"], cfg["n_embd"], cfg["schedule"], cfg["pretrain_lr"]) == (1, 64, "cosine", 3e-3)
     assert cfg["difficulty"] == ("baseline" if task == "pathfinder" else "contour_length_14")
-    assert train_spt.get_config([f"--task={task}", "--preset=cpu", "--depth=4"])["depth"] == 4  # flags win
+    assert spt_config([f"--task={task}", "--preset=cpu", "--depth=4"])["depth"] == 4  # flags win
     out = tmp_path / "run"
     summary = train_spt.main([f"--task={task}", *PRESET_4_STEPS, f"--n_generate={n_generate}",
                               f"--data_dir={tmp_path / 'data'}", f"--out_dir={out}"])
@@ -260,7 +265,7 @@ def test_pretrain_schedule_sets_the_spt_phase_alone(tmp_path):
 
 def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
     flags = ["--task=pathfinder", "--preset=cpu", "--n_generate=200", f"--data_dir={tmp_path}"]
-    a, b = (train_spt.get_config(flags + [f"--seed={s}"]) for s in (0, 1))
+    a, b = (spt_config(flags + [f"--seed={s}"]) for s in (0, 1))
     data_a, data_b = (train_spt.load_data("pathfinder", "train", c) for c in (a, b))
     assert len(data_a) == len(data_b) == 160
     assert all(torch.equal(data_a[i][0], data_b[i][0]) and data_a[i][1] == data_b[i][1] for i in range(160))
@@ -276,10 +281,10 @@ LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
 def test_lra_tasks_start_from_tied_attention_and_pixel_tasks_read_grey_values():
     for task in ("synthetic", *LRA_TASKS):
-        cfg = train_spt.get_config([f"--task={task}"])
+        cfg = spt_config([f"--task={task}"])
         assert cfg["init"] == ("torch" if task == "synthetic" else "amos"), task
         assert cfg["pixel_encoder"] == ("linear" if task in spt_settings.IMAGE_TASKS else "token"), task
-    cfg = train_spt.get_config(["--task=pathfinder", "--init=torch", "--pixel_encoder=token"])
+    cfg = spt_config(["--task=pathfinder", "--init=torch", "--pixel_encoder=token"])
     assert (cfg["init"], cfg["pixel_encoder"]) == ("torch", "token")        # both can be turned off
 
 
@@ -291,7 +296,7 @@ def test_lra_tasks_start_from_tied_attention_and_pixel_tasks_read_grey_values():
 ])
 def test_bad_init_and_pixel_encoder_flags_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
-        train_spt.get_config(argv)
+        spt_config(argv)
 
 
 def test_spt_objective_gives_a_masked_pixel_to_the_model_as_zero_with_its_mask_flag():
@@ -351,7 +356,7 @@ def test_main_command_says_its_cost_and_the_shorter_commands_before_any_data(tmp
 def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
     import cost
     from training import setup_runtime
-    cfg = train_spt.get_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200",
+    cfg = spt_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200",
                                 f"--data_dir={tmp_path / 'data'}"])
     gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))
     assert 0 < gen_s + train_s < cost.ANNOUNCE_ABOVE_S and capsys.readouterr().out == ""

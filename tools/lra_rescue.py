@@ -251,8 +251,9 @@ def gather(cfg):
 
 def train_spt_config(flags=()):
     """train_spt.py's config of the preset, with flags."""
+    import spt_settings
     import train_spt
-    return train_spt.get_config(BASE + list(flags))
+    return spt_settings.get_config(train_spt.DEFAULTS, BASE + list(flags))
 
 
 def take_offs(runs, n, share):
@@ -373,7 +374,7 @@ def plot_maps(runs, path):
     import torch
     import analysis
     import train_spt
-    from training import load_checkpoint, load_state
+    from training import load_weights
     (s, spt_dir, _), scratch_dir = runs["spt"][0], runs["scratch"][0][1]
     with open(os.path.join(spt_dir, "config.json")) as f:
         cfg = json.load(f)                                    # the run's own flags: its shape and data
@@ -384,7 +385,7 @@ def plot_maps(runs, path):
                         ("scratch, trained", os.path.join(scratch_dir, "finetune_best.pt"))):
         model = train_spt.build_model(cfg, [val])
         if ckpt:
-            load_state(model, load_checkpoint(ckpt)["model"])
+            load_weights(model, ckpt)
         with torch.no_grad():
             _, att = model.eval().forward_with_maps(image[None])
         maps[stage] = att[0][0]

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analysis  # noqa: E402  (the repository root, added just above)
 import train_spt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
-from training import load_checkpoint, load_state, read_log, setup_runtime  # noqa: E402
+from training import load_checkpoint, load_weights, read_log, setup_runtime  # noqa: E402
 
 DEFAULTS = dict(runs="", threshold=0.70, n=16, epoch_only=False)
 
@@ -60,7 +60,7 @@ def grid_mass(run, n):
 
     out = {0: mass()}
     for path in paths:
-        load_state(model, load_checkpoint(path)["model"])
+        load_weights(model, path)
         out[epoch_of(path)] = mass()
     return out
 
