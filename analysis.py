@@ -111,9 +111,13 @@ def score_spread(maps, pad_mask=None):
 @torch.no_grad()
 def position_scores(model: Transformer, layer=0, n=256):
     """(H, n, n) scores q_i . k_j / sqrt(d_head) of the first n position vectors alone,
-    through the layer's real ln_1, W_Q and W_K (biases included), for additive encodings
-    (sinusoidal or learned); None otherwise. For layer > 0 the input of the layer is
-    not the positions alone, so read it as a probe of W_Q, W_K, not the layer's scores."""
+    for additive encodings (sinusoidal or learned); None otherwise. Per head,
+        S = (LN(PE) W_Q + b_Q)(LN(PE) W_K + b_K)^T / sqrt(d_head),
+    PE the first n rows of the positional table and LN the layer's own ln_1 (its gain
+    and bias included): what the layer's pre-norm attention makes of positions alone,
+    not the bare (PE W_Q)(PE W_K)^T, which leaves out the norm and the biases.
+    For layer > 0 the input of the layer is not the positions alone, so read it as a
+    probe of W_Q, W_K, not the layer's scores."""
     c = model.config
     if c.pos_enc == "sinusoidal":
         pe = model.pe

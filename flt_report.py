@@ -218,9 +218,9 @@ def compare(dirs, out_dir=None):
     (runfiles.claim_outputs). Every run is read, and the folder checked, before
     anything is written. Returns the table's rows."""
     out = out_dir or COMPARE_DIR
-    for d in dirs:
-        load_run(d)
-    outputs = runfiles.claim_outputs(out, "train_flt.py --compare", ("compare.md",))
+    recipes = {load_run(d).cfg["optim"] for d in dirs}
+    outputs = runfiles.claim_outputs(out, "train_flt.py --compare", ("compare.md", *CURVES,
+                                                                     *(f"flt_map_{o}.png" for o in recipes)))
     try:
         return plot_runs(dirs, out)
     finally:

@@ -14,7 +14,13 @@ booleans of one loop body:
        Q = W_Q norm(h), while keys and values come from the stream,
        K, V = W_K norm(x), W_V norm(x); instead of being added to the stream.
 
-The five variants of the paper are presets of (start, fla, ai):
+In the paper's symbols, h^(t)_l is the stream after layer l of loop t (x here, after
+self.blocks[l - 1]) and h^(t-1)_L the previous loop's final state (h here, taken after
+the final norm); z^(t)_l, the input of layer l's keys and values, is norm(x) here.
+
+The five variants of the paper are presets of three settings of that loop body
+(VARIANTS): `start`, where loop t>1 starts (h, norm(x0 + h) or norm(x0): what tells
+the baselines LT and LT_i apart), and the two switches fla and ai:
 
 | variant | loop t>1 starts from | previous final state h = norm(x_L^(t-1)) enters | at which layers |
 |---|---|---|---|
@@ -26,7 +32,7 @@ The five variants of the paper are presets of (start, fla, ai):
 
 Loop 1 is always plain self-attention on norm(x0), x0 = token embedding, so with
 n_loops=1 the five variants are the same function of the same weights and all
-have the same parameters (none of the switches adds any).
+have the same parameters (no setting adds any).
 
 Read top to bottom:
   LoopedConfig        sizes, the variant, the loss over loops (END / STEP / FEW)
@@ -62,7 +68,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# variant -> (what loop t>1 starts from, fla, ai); see the table above
+# variant -> (start: what loop t>1 starts from, fla, ai): one setting and two switches; the table above
 VARIANTS = {
     "LT":      ("h",    False, False),
     "LT_i":    ("x0+h", False, False),
@@ -173,11 +179,13 @@ class Attention(nn.Module):
         return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
 
     def forward(self, xq, xkv, rope):
-        q = apply_rope(self.split_heads(self.W_Q(xq)), *rope)
-        k = apply_rope(self.split_heads(self.W_K(xkv)), *rope)
+        # AI: a^(t)_l = Attention(Q = W_Q h^(t-1)_L, K = W_K z^(t)_l, V = W_V z^(t)_l). Block passes
+        # xkv = z^(t)_l = norm(x), and xq = norm(h) = h^(t-1)_L under AI (h is already normed), else xq = xkv
+        q = apply_rope(self.split_heads(self.W_Q(xq)), *rope)   # Q = W_Q xq (AI: W_Q h^(t-1)_L), RoPE
+        k = apply_rope(self.split_heads(self.W_K(xkv)), *rope)  # K = W_K z^(t)_l, RoPE
         if self.qk_norm:
             q, k = norm(q, self.eps), norm(k, self.eps)         # QK-norm, after RoPE as nanochat
-        v = self.split_heads(self.W_V(xkv))
+        v = self.split_heads(self.W_V(xkv))                     # V = W_V z^(t)_l
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.W_O(y.transpose(1, 2).reshape(xkv.shape))
 
@@ -204,7 +212,7 @@ class Block(nn.Module):
 
     def forward(self, x, rope, q=None):
         xn = norm(x, self.eps)
-        x = x + self.attn(xn if q is None else norm(q, self.eps), xn, rope)
+        x = x + self.attn(xn if q is None else norm(q, self.eps), xn, rope)   # AI (q = h given): a^(t)_l
         return x + self.mlp(norm(x, self.eps))
 
 
@@ -268,6 +276,9 @@ class LoopedTransformer(nn.Module):
             else:
                 x = norm(x0 + h, eps)                           # LT_i: norm(x0 + h)
             for i, block in enumerate(self.blocks):
+                # FLA: h^(t)_l = f_theta^(l)(h^(t)_{l-1}, h^(t-1)_L) at every layer l = i + 1, with h^(t)_l = x
+                # after block i and h^(t-1)_L = h: block i reads x and h, h as the query (FLT) or through
+                # x = norm(x + h) (FLT_res). Without FLA, h reaches block 0 only (LT_ia) or no block (LT, LT_i).
                 q = None                                        # plain self-attention unless h enters here
                 if h is not None and (c.fla or i == 0):         # h reaches layer i: every layer with FLA
                     if c.ai:

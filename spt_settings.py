@@ -68,9 +68,10 @@ PRESETS = {
     "cpu": {
         # Runs of a few epochs: a warmup of 5% of the phase and a cosine decay instead of
         # thousands of warmup steps at a constant rate; clipping and early stopping. dtype
-        # fast: bf16 autocast where the CPU computes bf16 (0.87-0.88 of the float32 step at
-        # depth 1 and 4 on such a CPU), float32 where it would be emulated (an AVX2-only CPU:
-        # 5x slower in bf16). Every core by default when a run is alone.
+        # fast: float32 or bf16 autocast, whichever steps faster on this CPU, timed on the
+        # run's own model (cost.choose_dtype): bf16 took 0.87-0.88 of the float32 step at
+        # depth 1 and 4 on one CPU that computes it, 5x on an AVX2-only one that emulates it.
+        # Every core by default when a run is alone.
         "*": dict(schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
                   grad_clip=1.0, patience=20, dtype="fast"),
         # About 40 min on one core that computes bf16, at depth 1 (SPT 12 + finetuning 5 epochs on

@@ -41,7 +41,7 @@ This file imports only numpy and torch.
 import numpy as np
 import torch
 
-SPLIT_SEEDS = {"train": 0, "val": 1, "test": 2}   # added to the base seed
+SPLIT_SEEDS = {"train": 0, "val": 1, "test": 2}   # split k is drawn with seed + 1000 * k (load_split)
 
 
 def make_walks(n, length, n_values, rng):
@@ -112,7 +112,9 @@ class SyntheticDataset(torch.utils.data.Dataset):
 
 def load_split(split, n=None, length=100, n_values=32, scramble_frac=0.1, seed=0):
     """One split of the task. Default sizes: train 10000, val 2000, test 2000.
-    Splits use different seeds (seed + 0/1/2), so they share no rows by design."""
+    Split k (train 0, val 1, test 2) is drawn with seed + 1000 * k, so for seeds below
+    1000 every (seed, split) pair has its own random stream (with seed + k, seed 1's
+    train would be seed 0's val)."""
     if split not in SPLIT_SEEDS:
         raise ValueError(f"split={split!r}; choose one of {list(SPLIT_SEEDS)}")
     n = n or (10000 if split == "train" else 2000)

@@ -84,7 +84,8 @@ DEFAULTS = dict(
     # system
     seed=1337,
     device="auto",           # auto, cpu, cuda, cuda:1, mps
-    dtype="auto",            # auto (bfloat16 on a capable GPU, else float32), fast (bf16 where native), float32, bfloat16
+    dtype="auto",            # auto (bfloat16 on a capable GPU, else float32), fast (the faster of the two here,
+                             # timed on this run's model: cost.choose_dtype), float32, bfloat16
     compile=False,           # torch.compile the model
     compare="",              # DIR1,DIR2,...: draw the figures of finished runs into out_dir and exit (flt_report.py)
     evaluate="",             # DIR: print the test-time loop curve of the run in DIR (its ckpt.pt) and exit

@@ -14,14 +14,14 @@ Phase 1 (SPT): masked-token reconstruction on the task's own training split
 (Amos et al. 2024). Phase 2: classification, starting from the best-validation
 SPT weights (all of them, or only the group --init_params). Every run writes
 config.json, log.jsonl, summary.json, checkpoints and figures into out_dir, with
-the attention's proximity statistics (analysis.py). The flags, Amos et al.'s
-per-task values and the named presets are in spt_settings.py (--help lists them).
+the attention's proximity statistics (analysis.py). The flags are DEFAULTS below;
+Amos et al.'s per-task values and the named presets are in spt_settings.py.
 
-Read top to bottom: the data, the two objectives (MaskedReconstruction is SPT),
-hybrid initialisation and freezing, train_phase (the loop) and the Phase it hangs
-on, evaluate, main. A run refuses an out_dir that holds another run
-(training.RunFolder); --init_from=resume continues it exactly; a NaN or inf loss
-or gradient stops it, and checkpoints hold finite weights only.
+Read top to bottom: the flags, the data, the two objectives (MaskedReconstruction
+is SPT), hybrid initialisation and freezing, train_phase (the loop) and the Phase it
+hangs on, evaluate, main. The run itself is training.Run's: an out_dir that holds
+another run is refused, --init_from=resume continues exactly, Ctrl-C or SIGTERM
+saves the resume point, a NaN or inf loss or gradient stops the run (NonFiniteGuard).
 """
 
 import math
@@ -95,7 +95,8 @@ DEFAULTS = dict(
     report="",               # comma list of folders: gather their summary.json into a table (written into
                              # the first folder, or --out_dir, or out/spt_report when the first is a run)
     # system
-    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: bf16 where native
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: the faster of the two,
+                                   # timed on this run's model (cost.choose_dtype)
     compile=False, num_workers=0, debug=False,
 )
 

@@ -57,10 +57,9 @@ class Runtime:
 
 
 def setup_runtime(device="auto", dtype="auto", seed=0):
-    """Pick the device (cuda if present) and the autocast dtype (auto: bfloat16 on a GPU
-    that has it, else float32; fast: the same on a GPU, and on a CPU float32 until
-    cost.choose_dtype has timed both), join the torchrun process group when launched by
-    torchrun (RANK in the environment), and seed every rank alike."""
+    """Pick the device (cuda if present), the autocast dtype (auto and fast: bfloat16 on a
+    GPU that has it, else float32; on a CPU cost.choose_dtype then times fast), join the
+    torchrun process group (RANK in the environment), and seed every rank alike."""
     env = lambda k, d: int(os.environ.get(k, d))
     ddp, rank, local_rank, world_size = env("RANK", -1) != -1, env("RANK", 0), env("LOCAL_RANK", 0), env("WORLD_SIZE", 1)
     device = configurator.check_device(device)
@@ -246,7 +245,7 @@ class Run:
         self.cfg, self.script, self.argv, self.resume_config = cfg, script, argv, resume_config
         self.folder = runfiles.RunFolder(cfg["out_dir"], script, cfg["overwrite"], cfg["init_from"] == "resume")
         self.ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-        self.ckpt, self.saver, self.signal, self.steps = None, None, None, 0
+        self.ckpt, self.saver, self.signal, self.steps, self.begun = None, None, None, 0, False
 
     def __enter__(self):
         self.folder.__enter__()
@@ -276,14 +275,12 @@ class Run:
             raise Stopped(word, how, 143 if word == "terminated" else 130) from None
 
     def on_signal(self, signum, frame):
-        """SIGINT or SIGTERM: in a loop that can save its resume point (run.saver), stop at
-        the end of this step; before it, or at a second signal, stop now."""
-        word = "terminated" if signum == signal.SIGTERM else "interrupted"
-        if self.signal is None and self.saver is not None:
-            self.signal = word
-            return
-        self.signal = self.signal or word
-        raise KeyboardInterrupt(word)
+        """SIGINT or SIGTERM: once the run has begun, the end of the step stops it, its resume
+        point saved (tick); before, or at a second signal, now (if a finalizer swallows that, the flag stops it)."""
+        first, self.signal = self.signal is None, self.signal or \
+            ("terminated" if signum == signal.SIGTERM else "interrupted")
+        if not (first and self.begun):
+            raise KeyboardInterrupt(self.signal)
 
     def tick(self):
         """After each optimizer step: stop if a signal asked to (the loop's resume point
@@ -322,6 +319,9 @@ class Run:
                     runfiles.append_record(path, *kept)
         if self.ckpt:
             self.log(**at, event="resume", changed=self.cfg["resumes"][-1])
+        self.begun = True
+        if self.signal:                                             # one came while it was starting
+            raise KeyboardInterrupt(self.signal)
 
     def log(self, file="log.jsonl", **record):
         """One record at the end of log.jsonl (or of `file`), on the master rank."""

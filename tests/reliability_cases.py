@@ -168,6 +168,7 @@ def main():
     results["flt second writer while one is live"] = classify(rc, o, changed=fp("flt_lock") != before)
     round_two(results, work, flt)
     round_three(results, work, flt)
+    round_four(results, work, flt)
     json.dump(results, open(RESULTS, "w"), indent=1)
     counts = {}
     for v in results.values():
@@ -468,8 +469,8 @@ def round_three_resume(results, work, flt):
     results["3 snapshots.jsonl trimmed on resume"] = classify(rc, o, expect_error=False, wrong=snaps("dc") != snaps("dw"))
     s = json.load(open("dc/summary.json")) if os.path.exists("dc/summary.json") else {}
     results["3 a resumed run keeps its init_from"] = classify(rc, o, expect_error=False, wrong=s.get("init_from") != "")
-    patch = ("real = s.save_resume_point; calls = []; "
-             "s.save_resume_point = lambda *a: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(*a))")
+    patch = ("real = s.Phase.save; calls = []; "
+             "s.Phase.save = lambda self: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(self))")
     inproc("train_spt", SPT + ["--out_dir=kv", "--ckpt_every=4"], patch)
     rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=kv", "--init_from=resume"], work)
     vals = [r for r in map(json.loads, open("kv/log.jsonl")) if "val_loss" in r] if os.path.exists("kv/log.jsonl") else []
@@ -560,6 +561,49 @@ def round_three_bounds(results, work, flt, spt_r):
     o = p.communicate(timeout=120)[0]
     results["3 Ctrl-C during data_lra.py --generate"] = "traceback" if "Traceback" in o else \
         "ok" if p.returncode == 130 else "silent"
+
+
+
+def round_four(results, work, flt):
+    """The fourth audit's cases: a full disk that torch.save reports in its own words,
+    SIGTERM (a cluster's warning before a kill) in both scripts, and refusals that must
+    come before any output."""
+    patch = ("torch.save = lambda *a, **k: (_ for _ in ()).throw(RuntimeError('[enforce fail at "
+             "inline_container.cc:819] . unexpected pos 64 vs 2048'))")       # the disk reads as not full
+    for script, args in (("train_spt", SPT), ("train_flt", flt)):
+        out = f"pos_{script}"
+        rc, o = inproc(script, args + [f"--out_dir={out}"], patch)
+        tmp_left = os.path.isdir(out) and any(".tmp." in n for n in os.listdir(out))
+        results[f"4 {script} torch.save 'unexpected pos'"] = classify(rc, o, wrong=tmp_left or
+                                                                      not one_line_error(rc, o))
+    for script, args, whole in (("train_spt.py", SPT + ["--n_train=2048", "--batch_size=8", "--dropout=0.1"], "sw"),
+                                ("train_flt.py", flt + ["--max_steps=400", "--ckpt_interval=1000"], "fw")):
+        run(script, args + [f"--out_dir={whole}"], work)
+        cut = whole + "_cut"
+        p = subprocess.Popen([sys.executable, os.path.join(REPO, script), *args, f"--out_dir={cut}"], cwd=work,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        while p.poll() is None and not (os.path.exists(f"{cut}/log.jsonl") and
+                                        sum(1 for _ in open(f"{cut}/log.jsonl")) > 20):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+        stopped = p.returncode == 143 and "terminated; the last good checkpoint" in err and \
+            not os.path.exists(f"{cut}/run.lock")
+        rc, o = run(script, [f"--out_dir={cut}", "--init_from=resume"] + (["--task=synthetic"] if "spt" in script
+                                                                          else []), work)
+        same = rc == 0 and all(torch.equal(a, b) for a, b in zip(
+            torch.load(f"{whole}/ckpt.pt", weights_only=True)["model"].values(),
+            torch.load(f"{cut}/ckpt.pt", weights_only=True)["model"].values()))
+        results[f"4 {script} SIGTERM mid-run, then resume"] = "traceback" if "Traceback" in err + o else \
+            "ok" if stopped and same else "silent"
+    os.makedirs("rep", exist_ok=True)
+    shutil.copytree("spt_done", "rep/run")
+    open("rep/report.md", "w").write("the user's")
+    rc, o = run("train_spt.py", ["--report=rep"], work)
+    results["4 --report refused before its table"] = classify(rc, o, wrong="| run |" in o)
+    rc, o = run("train_flt.py", ["--compare=flt_done,spt_done", "--out_dir=cmp_new"], work)
+    results["4 --compare refused before writing"] = classify(rc, o, wrong=os.path.exists("cmp_new"))
 
 
 main()

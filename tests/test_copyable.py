@@ -1,6 +1,7 @@
 """The files a user copies into another project work there alone: each is copied
-into an empty folder of its own (analysis.py with the model.py it reads) and imported
-from there, with no other path to this project."""
+into an empty folder of its own (analysis.py with the model.py it reads, data_lra.py
+with pathfinder.py) and does its main work from there, files written included, with no
+other path to this project."""
 
 import os
 import shutil
@@ -11,15 +12,40 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# file -> (the project files it may bring along, a line that uses it)
+# file -> (the project files it may bring along, as README's files table says, and code that uses it:
+# each file's main work, with every file it writes)
+DATA_LRA = """
+import os, tempfile
+d = tempfile.mkdtemp()
+for task, make in (("pathfinder", "generate_pathfinder"), ("listops", "generate_listops")):
+    first = m.load_task(task, "train", d, n=50, progress=False)            # generates, writes the cache
+    real, calls = getattr(m, make), []
+    setattr(m, make, lambda *a, **k: calls.append(1))                        # the second load must read it
+    again = m.load_task(task, "train", d, n=50, progress=False)
+    setattr(m, make, real)
+    assert not calls and len(first) == len(again) > 0
+    assert all(bool((first[i][0] == again[i][0]).all()) for i in range(len(first)))
+written = [f for _, _, fs in os.walk(d) for f in fs]
+assert any(f.endswith(".npz") for f in written) and any(f.endswith(".tsv") for f in written), written
+assert not [f for f in written if "tmp" in f], written
+"""
+ANALYSIS = """
+import os, tempfile, torch
+d = tempfile.mkdtemp()
+maps = [torch.softmax(torch.randn(2, 2, 16, 16), -1)]
+mass = m.proximity_mass(maps)
+m.plot_attention(maps, os.path.join(d, "a.png"), "maps")
+m.plot_image_attention(torch.randint(0, 256, (16,)), {"init": maps[0][0]}, os.path.join(d, "b.png"), n_queries=1)
+assert sorted(os.listdir(d)) == ["a.png", "b.png"] and all(os.path.getsize(os.path.join(d, f)) > 1000 for f in ("a.png", "b.png"))
+"""
 COPYABLE = {
     "model.py": ((), "m.Transformer(m.TransformerConfig(n_embd=16, n_head=2, vocab_size=10))"),
     "looped.py": ((), "m.LoopedTransformer(m.LoopedConfig(n_embd=16, n_head=2, n_layer=1, n_loops=2))"),
     "synthetic.py": ((), "m.load_split('val', n=8)"),
     "pathfinder.py": ((), "m.generate(4, seed=0, contour_length=6)"),
-    "analysis.py": (("model.py",), "m.proximity_mass([__import__('torch').full((1, 1, 8, 8), 1 / 8)])"),
+    "analysis.py": (("model.py",), ANALYSIS),
     "theory.py": (("model.py",), "m.check(0, 4)"),
-    "data_lra.py": (("pathfinder.py",), "m.generate_pathfinder(4, progress=False)"),
+    "data_lra.py": (("pathfinder.py",), DATA_LRA),
 }
 
 
@@ -55,7 +81,8 @@ def test_each_file_imports_alone_in_an_empty_folder(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert proc.stdout.split("\n")[:-1] == [f"ok {n[:-3]}" for n in COPYABLE], proc.stdout + proc.stderr[-2000:]
+    said = [line for line in proc.stdout.splitlines() if line.startswith(("ok ", "FAILED "))]   # not the files' own
+    assert said == [f"ok {n[:-3]}" for n in COPYABLE], proc.stdout + proc.stderr[-2000:]
 
 
 def test_the_check_fails_for_a_file_without_its_companion(tmp_path, monkeypatch):

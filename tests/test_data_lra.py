@@ -618,3 +618,17 @@ def test_an_empty_release_and_empty_listops_rows_are_named(tmp_path):
     path.write_text("Source\tTarget\n( )\t3\n")
     with pytest.raises(ValueError, match=r"basic_train\.tsv, line 2: an expression with no tokens"):
         D.read_listops_tsv(str(path))
+
+
+def test_a_full_disk_while_caching_is_one_line_and_keeps_the_earlier_cache(tmp_path, monkeypatch):
+    import errno
+    path = str(tmp_path / "generated" / "x.npz")
+    D._save_npz(path, dict(k=1), images=np.zeros((2, 3)))
+    before = open(path, "rb").read()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(OSError, match=f"no space left to write {path}"):
+        D._save_npz(path, dict(k=2), images=np.ones((2, 3)))
+    assert open(path, "rb").read() == before and sorted(os.listdir(tmp_path / "generated")) == ["x.npz", "x.npz.json"]

@@ -6,10 +6,12 @@ Most cases run a script's command line in-process through configurator.run_cli, 
 same wrapper its `__main__` calls; two subprocess checks confirm the wrapper is
 what a user really gets."""
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -25,6 +27,7 @@ import train_spt
 import runfiles
 import training
 from configurator import run_cli
+from looped import LoopedTransformer
 from training import load_checkpoint, read_log, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,6 +249,51 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
     assert status == 1 and "no space left to write" in message
     assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(runfiles._TMP_PREFIX)]
+
+
+def failing_on_call(n, error):
+    """A stand-in that raises `error` from its n-th call on, and calls the real one before."""
+    calls = []
+
+    def wrap(real):
+        def call(*args, **kwargs):
+            calls.append(1)
+            if len(calls) >= n:
+                raise error
+            return real(*args, **kwargs)
+        return call
+    return wrap
+
+
+NO_SPACE = OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("what", ("checkpoint", "log", "figure"))
+def test_a_disk_that_fills_mid_run_is_one_line_and_loses_nothing_written_before(tmp_path, monkeypatch, what):
+    out = tmp_path / "o"
+    if what == "checkpoint":        # torch.save's own words on a full disk; the disk reads as not full afterwards
+        pos = RuntimeError("[enforce fail at inline_container.cc:819] . unexpected pos 64 vs 2048")
+        monkeypatch.setattr(torch, "save", failing_on_call(3, pos)(torch.save))
+    elif what == "log":                                                # the third append to log.jsonl
+        real, appends = runfiles._open_nofollow, []
+
+        def open_(path, flags, mode="w"):
+            appends.extend([path] if flags & os.O_APPEND else [])
+            if flags & os.O_APPEND and len(appends) >= 3:
+                raise NO_SPACE
+            return real(path, flags, mode)
+        monkeypatch.setattr(runfiles, "_open_nofollow", open_)
+    else:
+        import matplotlib.figure
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", failing_on_call(1, NO_SPACE)(None))
+    status, message = cli(train_spt, *SPT, f"--out_dir={out}")
+    assert status == 1 and message.count("\n") == 0, message
+    assert ("could not write" if what == "checkpoint" else "no space left to write") in message, message
+    assert not [n for n in os.listdir(out) if n.startswith(runfiles._TMP_PREFIX)]
+    if what == "checkpoint":                                           # the two written before still load
+        assert load_checkpoint(out / "spt_best.pt")["epoch"] == 1 and (out / "spt_epoch1.pt").exists()
+    if what == "log":                                                  # the records written before are whole
+        assert len(read_log(out)) >= 1
 
 
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
@@ -518,14 +566,16 @@ def test_a_live_run_whose_lock_was_deleted_keeps_a_second_one_out(tmp_path):
 # -----------------------------------------------------------------------------
 # Outputs that are not run folders replace only what they wrote
 
-def test_report_never_replaces_a_file_it_did_not_write(finished_spt, tmp_path, monkeypatch):
+def test_report_never_replaces_a_file_it_did_not_write(finished_spt, tmp_path, monkeypatch, capsys):
     results = tmp_path / "results"
     results.mkdir()
     shutil.copytree(finished_spt, results / "run")
     os.symlink(results / "run", results / "again")                    # a link: not followed, not counted twice
     (results / "report.md").write_text("the user's")
+    capsys.readouterr()
     status, message = cli(train_spt, f"--report={results}")
     assert status == 1 and "report.md" in message and (results / "report.md").read_text() == "the user's"
+    assert "| run |" not in capsys.readouterr().out                      # refused before its table is shown
     os.remove(results / "report.md")
     assert cli(train_spt, f"--report={results}")[0] == 0
     assert (results / "report.md").read_text().count("| " + str(results / "run") + " |") == 1
@@ -546,6 +596,9 @@ def test_compare_and_bench_never_replace_a_file_they_did_not_write(tmp_path, tex
     (figures / "flt_loss.png").write_text("the user's")
     status, message = cli(train_flt, f"--compare={run}", f"--out_dir={figures}")
     assert status == 1 and "flt_loss.png" in message and (figures / "flt_loss.png").read_text() == "the user's"
+    assert os.listdir(figures) == ["flt_loss.png"]                      # refused before writing anything
+    status, message = cli(train_flt, f"--compare={run},{tmp_path / 'nothing'}", f"--out_dir={tmp_path}/new")
+    assert status == 1 and not (tmp_path / "new").exists()              # a run it cannot read: nothing made
     (tmp_path / "mine.json").write_text("{}")
     status, message = cli(bench, "--only=data", "--quick=True", f"--out={tmp_path}/mine.json")
     assert status == 1 and "not written by bench.py" in message and (tmp_path / "mine.json").read_text() == "{}"
@@ -583,7 +636,8 @@ def test_every_json_file_a_tiny_run_writes_is_strict_json(tmp_path, text_file):
 # -----------------------------------------------------------------------------
 # Resume rewinds everything to the checkpoint
 
-def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snapshots(tmp_path):
+def test_three_halts_and_a_sigterm_with_dropout_end_in_the_uninterrupted_weights_log_and_snapshots(
+        tmp_path, monkeypatch, capsys):
     flags = [*SPT, "--dropout=0.1", "--batch_size=16", "--pretrain_epochs=2", "--epochs=2", "--snapshot_attn_every=2"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert cli(train_spt, *flags, f"--out_dir={whole}")[0] == 0
@@ -591,6 +645,14 @@ def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snaps
     for _ in range(2):
         assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume",
                    "--halt_after_steps=5")[0] == 1
+    with monkeypatch.context() as m:                  # a real SIGTERM in the 2nd step of this call: step 17,
+        sigterm_at_call(m, train_spt.Classification, 2)   # mid-epoch in finetuning (8 steps an epoch)
+        assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume")[0] == 143
+    said = capsys.readouterr().err
+    assert "terminated; the last good checkpoint is" in said and f"--init_from=resume --out_dir={cut}" in said
+    assert not (cut / "run.lock").exists()
+    stopped = load_checkpoint(cut / "ckpt.pt")
+    assert (stopped["phase"], stopped["step"], stopped["step_in_epoch"]) == ("finetune", 2, 2)   # saved mid-epoch
     assert cli(train_spt, "--task=synthetic", f"--out_dir={cut}", "--init_from=resume")[0] == 0
     a, b = load_checkpoint(whole / "ckpt.pt")["model"], load_checkpoint(cut / "ckpt.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)                        # bit-exact
@@ -600,6 +662,46 @@ def test_three_halts_with_dropout_end_in_the_uninterrupted_weights_log_and_snaps
     assert snaps(cut) == snaps(whole)
     summary = json.load(open(cut / "summary.json"))
     assert summary["init_from"] == json.load(open(whole / "summary.json"))["init_from"] == ""
+
+
+def sigterm_at_call(monkeypatch, cls, n):
+    """A real SIGTERM to this process from inside the n-th training forward pass of cls."""
+    forward, calls = cls.forward, []
+
+    def forward_then_signal(self, *args, **kwargs):
+        calls.extend([1] if self.training else [])
+        if self.training and len(calls) == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(cls, "forward", forward_then_signal)
+
+
+def test_sigterm_mid_run_of_train_flt_saves_the_resume_point_and_resumes_to_the_same_weights(
+        tmp_path, text_file, monkeypatch, capsys):
+    flags = [*FLT, f"--data={text_file}", "--max_steps=6", "--ckpt_interval=100"]    # train_spt's: the halts' test
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert cli(train_flt, *flags, f"--out_dir={whole}")[0] == 0
+    with monkeypatch.context() as m:
+        sigterm_at_call(m, LoopedTransformer, 3)                          # a real SIGTERM in the 3rd step
+        assert cli(train_flt, *flags, f"--out_dir={cut}")[0] == 143
+    said = capsys.readouterr().err
+    assert "terminated; the last good checkpoint is" in said and f"--init_from=resume --out_dir={cut}" in said
+    assert not (cut / "run.lock").exists()
+    assert load_checkpoint(cut / "ckpt.pt")["step"] == 3                  # saved at the end of that step
+    assert cli(train_flt, f"--out_dir={cut}", "--init_from=resume")[0] == 0
+    a, b = load_checkpoint(whole / "ckpt.pt")["model"], load_checkpoint(cut / "ckpt.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)                        # bit-exact
+    strip = lambda recs: [r for r in recs if r.get("event") != "resume"]
+    assert strip(read_log(cut)) == strip(read_log(whole))
+
+
+def test_a_second_sigterm_or_one_before_the_loop_stops_at_once(tmp_path, monkeypatch):
+    def early(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(train_spt, "load_splits", early)              # before the loop: nothing to save
+    out = tmp_path / "run"
+    status, _ = cli(train_spt, *SPT, f"--out_dir={out}")
+    assert status == 143 and not out.exists()                         # the refused-run rule: nothing left
 
 
 def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(tmp_path, monkeypatch):

@@ -103,7 +103,12 @@ def test_theory_imports_only_torch_numpy_stdlib_and_model():
 # README's reading order: one table per paper, `| file | read | lines | what it teaches |`.
 # "read" names definitions in backticks (`Class`, `Class.method`, `function`, `CONSTANT`),
 # "the whole file", or "the module docstring"; "lines" must be what those spans hold.
-READING_BUDGETS = {"Paper A": 600, "Paper B": 300}
+# Each table's bold header says "(N lines, about M minutes)": N the table's sum, M at about
+# LINES_PER_MINUTE. The budgets sit a little above the paths a reader needs (759 and 338
+# lines when they were set): a path that grows past them is a path to shorten, or to re-count.
+READING_BUDGETS = {"Paper A": 800, "Paper B": 360}
+LINES_PER_MINUTE = 20
+HEADER = re.compile(r"\((\d+) lines, about (\d+) minutes\)")
 
 
 def span_lines(path, read):
@@ -138,6 +143,28 @@ def reading_tables():
     return tables
 
 
+def reading_headers():
+    """Each paper's bold header line, e.g. '**Paper A, self-pretraining** (759 lines, about 40 minutes)'."""
+    section = (ROOT / "README.md").read_text().split("## Reading order", 1)[1].split("\n## ", 1)[0]
+    return {paper: f"**{paper}" + section.split(f"**{paper}", 1)[1].split("\n", 1)[0] for paper in READING_BUDGETS}
+
+
+def header_problems(header, total):
+    """What a header says wrong about a table of `total` lines: its line count must be the
+    total, its minutes the total at LINES_PER_MINUTE, within 5 minutes."""
+    found = HEADER.search(header)
+    if not found:
+        return [f"{header!r} does not say '(N lines, about M minutes)'"]
+    lines, minutes = int(found[1]), int(found[2])
+    problems = []
+    if lines != total:
+        problems.append(f"{header!r} says {lines} lines, its table holds {total}")
+    if abs(minutes - total / LINES_PER_MINUTE) > 5:
+        problems.append(f"{header!r} says about {minutes} minutes, {total} lines at {LINES_PER_MINUTE} "
+                        f"a minute take about {total / LINES_PER_MINUTE:.0f}")
+    return problems
+
+
 def test_reading_order_counts_are_true_and_fit_the_budgets():
     for paper, rows in reading_tables().items():
         for path, read, stated in rows:
@@ -153,3 +180,18 @@ def test_span_lines_counts_a_method_a_function_and_a_constant():
     assert span_lines("train_spt.py", "`PHASES`") == 1
     with pytest.raises(AssertionError):
         span_lines("train_spt.py", "`no_such_function`")
+
+
+def test_each_reading_header_states_its_tables_total_and_time_at_twenty_lines_a_minute():
+    headers = reading_headers()
+    for paper, rows in reading_tables().items():
+        problems = header_problems(headers[paper], sum(n for *_, n in rows))
+        assert not problems, problems
+
+
+def test_the_header_check_catches_a_wrong_count_a_wrong_time_and_no_time():
+    assert header_problems("**Paper A, x** (500 lines, about 25 minutes)", 500) == []
+    assert header_problems("**Paper A, x** (500 lines, about 30 minutes)", 500) == []   # within 5 minutes
+    assert "holds 520" in " ".join(header_problems("**Paper A, x** (500 lines, about 25 minutes)", 520))
+    assert "about 40 minutes" in " ".join(header_problems("**Paper A, x** (500 lines, about 40 minutes)", 500))
+    assert "does not say" in " ".join(header_problems("**Paper A, x** (500 lines, about half an hour)", 500))
