@@ -25,7 +25,6 @@ import train_flt
 import spt_settings
 import train_spt
 import runfiles
-import training
 from configurator import run_cli
 from looped import LoopedTransformer
 from training import load_checkpoint, read_log, save_checkpoint

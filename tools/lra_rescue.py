@@ -375,7 +375,7 @@ def plot_maps(runs, path):
     import analysis
     import train_spt
     from training import load_weights
-    (s, spt_dir, _), scratch_dir = runs["spt"][0], runs["scratch"][0][1]
+    spt_dir, scratch_dir = runs["spt"][0][1], runs["scratch"][0][1]
     with open(os.path.join(spt_dir, "config.json")) as f:
         cfg = json.load(f)                                    # the run's own flags: its shape and data
     val = train_spt.load_data("pathfinder", "val", cfg)
