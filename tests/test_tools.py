@@ -216,6 +216,8 @@ def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
     assert "0.660 ± 0.047 (2)" in text and "0.510 ± 0.050 (stuck)" in text and "| 290 + 900 |" in text   # 100 images
     assert "compute-matched: **rescued**" in text and "spt: 3 of 3 seeds took off" in text
     assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()
+    rescue.main(["--action=report", f"--out={tmp_path}", f"--figures={tmp_path / 'new' / 'assets'}"])
+    assert (tmp_path / "new" / "assets" / "rescue_curves.png").exists()     # the figures' folder is made
     with pytest.raises(FileNotFoundError, match="no finished run under"):
         rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])
 

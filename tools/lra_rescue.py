@@ -319,6 +319,7 @@ def report(cfg):
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
         f.write(text)
     where = cfg["figures"] or cfg["out"]
+    os.makedirs(where, exist_ok=True)
     plot_curves(runs, constant_loss(share), os.path.join(where, "rescue_curves.png"))
     if "spt" in runs and "scratch" in runs and os.path.exists(os.path.join(runs["spt"][0][1], "spt_best.pt")):
         plot_maps(runs, os.path.join(where, "rescue_attention_2d.png"))
