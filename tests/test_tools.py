@@ -222,6 +222,35 @@ def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
         rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])
 
 
+def test_rescue_status_tells_finished_running_stopped_and_waiting_runs(tmp_path):
+    import json
+    import subprocess
+    import sys
+    fake_run(tmp_path / "spt_s0", 0.66, accs=(0.5, 0.7, 0.75), spt=True)
+    fake_run(tmp_path / "scratch_s0", 0.51)
+    for name in ("spt_s1", "scratch_s1"):                   # two runs part way: 3 SPT epochs done
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text((tmp_path / "spt_s0" / "config.json").read_text())
+        (tmp_path / name / "log.jsonl").write_text(json.dumps(dict(phase="spt", step=760, epoch=3, loss=1.0)) + "\n")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "scratch_s1" / "run.lock").write_text(dead.stdout)          # a pid that has ended
+    alive = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)", "train_spt.py",
+                              f"--out_dir={tmp_path / 'spt_s1'}"], stdout=subprocess.PIPE)
+    try:
+        alive.stdout.readline()                                 # started: its argv is in /proc
+        (tmp_path / "spt_s1" / "run.lock").write_text(str(alive.pid))
+        text = rescue.main(["--action=status", f"--out={tmp_path}"])
+    finally:
+        alive.kill()
+    lines = {line.split()[0]: line for line in text.splitlines()}
+    assert "finished: test acc 0.660, 1.00 h" in lines["spt_s0"]
+    assert "running: spt step 760, 3 of 27 epochs done" in lines["spt_s1"]
+    assert "stopped (resumes from ckpt.pt): spt step 760" in lines["scratch_s1"]
+    assert lines["spt_s2"].split()[1] == "waiting" and "gate: open, spt_s0 took off" in text
+    assert "core-hours of the finished runs: 2.0 of --max_core_hours=30" in text
+    assert "left: 426 epochs, about 16 core-hours at 2.2 min an epoch" in text    # 18 runs x 27 - 54 - 2 x 3
+
+
 def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):
     fake_run(tmp_path / "spt_s0", 0.517, spt=True)          # finished at chance
     fake_run(tmp_path / "scratch_s0", 0.517)

@@ -5,9 +5,10 @@ layers, 8,000 training images, SPT 2,750 steps, finetuning 4,000).
     python tools/lra_rescue.py run            # every arm, 3 seeds, two runs at a time
     python tools/lra_rescue.py run --dry=True # the commands only
     python tools/lra_rescue.py report         # table + verdict (rescue.md) and figures
+    python tools/lra_rescue.py status         # each run: finished, running, stopped or waiting
 
-Each run takes about 2.5 h of one core (a Zen 5 EPYC, two side by side): the first two
-arms on 3 seeds are about 7.5 h of two cores, every arm about 15 h. The arms, in the order
+Each run takes about 3 h of one core (a Zen 5 EPYC, two side by side): the first two
+arms on 3 seeds are about 10 h of two cores, every arm about 20 h. The arms, in the order
 they run (the data are generated once; a seed changes the init, the masks and the batch
 order):
     spt            (a) SPT, then finetuning (the preset)
@@ -236,6 +237,71 @@ def run(cfg):
 
 
 # -----------------------------------------------------------------------------
+# Where a sweep stands (it spans sessions: check it at the start of each)
+
+def live(d):
+    """Whether the process named in d's run.lock is alive and is train_spt.py writing into
+    d. Read only: taking the lock, even for a moment, could refuse a run that starts."""
+    try:
+        with open(os.path.join(d, "run.lock")) as f:
+            pid = int(f.read().strip() or 0)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return False
+    return "train_spt.py" in argv and os.path.basename(d) in argv
+
+
+def progress(d):
+    """(state, epochs done, epochs in all) of one run folder; epochs count SPT's too."""
+    import training
+    if not os.path.exists(os.path.join(d, "config.json")):
+        return "waiting", 0, None
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    total = c["pretrain_epochs"] + c["epochs"]
+    if finished(d):
+        return "finished", total, total
+    records = training.read_log(d)
+    if not records:
+        return ("running" if live(d) else "stopped") + ": no step logged yet", 0, total
+    last = records[-1]                       # "epoch": the epochs this phase has finished
+    done = last["epoch"] + (c["pretrain_epochs"] if last["phase"] == "finetune" else 0)
+    where = f"{last['phase']} step {last['step']}, {done} of {total} epochs done"
+    return ("running: " if live(d) else "stopped (resumes from ckpt.pt): ") + where, done, total
+
+
+def status(cfg):
+    """One line a run, then the core-hours used and an estimate of what is left: the
+    finished runs' hours per epoch times the epochs left, cfg["slots"] at a time."""
+    rows, per_epoch, left = [], [], 0
+    for d, _, _ in jobs(cfg):
+        state, done, total = progress(d)
+        if state == "finished":
+            summary = read_summary(d)
+            per_epoch.append(summary["wall_time_s"] / 3600 / total)
+            state += f": test acc {summary['test_acc']:.3f}, {summary['wall_time_s'] / 3600:.2f} h"
+        left += (total or preset_total()) - done
+        rows.append(f"{os.path.basename(d):<17} {state}")
+    used = sum(core_hours(d) for d, _, _ in jobs(cfg))
+    rows.append(f"core-hours of the finished runs: {used:.1f} of --max_core_hours={cfg['max_core_hours']:g}")
+    if per_epoch:
+        hours = left * float(np.mean(per_epoch))
+        rows.append(f"left: {left} epochs, about {hours:.0f} core-hours at {60 * np.mean(per_epoch):.1f} min an "
+                    f"epoch (the finished runs' mean); no run starts once {cfg['max_core_hours']:g} are used")
+    first = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+    rows.append(gate(cfg) or (f"gate: open, {os.path.basename(first)} took off" if finished(first) else
+                              f"gate: waits for {os.path.basename(first)} to finish"))
+    text = "\n".join(rows)
+    print(text)
+    return text
+
+
+def preset_total():
+    return sum(preset_epochs())
+
+
+# -----------------------------------------------------------------------------
 # The table, the verdict and the figures
 
 def gather(cfg):
@@ -395,13 +461,13 @@ def plot_maps(runs, path):
 
 def main(argv=None):
     cfg = configure(DEFAULTS, sys.argv[1:] if argv is None else argv, __doc__)
-    if cfg["action"] not in ("run", "report"):
-        raise ValueError(f"--action={cfg['action']}: choose run or report")
+    if cfg["action"] not in ("run", "report", "status"):
+        raise ValueError(f"--action={cfg['action']}: choose run, report or status")
     if cfg["slots"] < 1:
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
         raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
-    return run(cfg) if cfg["action"] == "run" else report(cfg)
+    return {"run": run, "report": report, "status": status}[cfg["action"]](cfg)
 
 
 if __name__ == "__main__":
