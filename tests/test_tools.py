@@ -247,8 +247,23 @@ def test_rescue_status_tells_finished_running_stopped_and_waiting_runs(tmp_path)
     assert "running: spt step 760, 3 of 27 epochs done" in lines["spt_s1"]
     assert "stopped (resumes from ckpt.pt): spt step 760" in lines["scratch_s1"]
     assert lines["spt_s2"].split()[1] == "waiting" and "gate: open, spt_s0 took off" in text
-    assert "core-hours of the finished runs: 2.0 of --max_core_hours=30" in text
+    assert "core-hours used (finished runs, and the others to their last checkpoint): 2.0 of" in text
     assert "left: 426 epochs, about 16 core-hours at 2.2 min an epoch" in text    # 18 runs x 27 - 54 - 2 x 3
+
+
+def test_rescue_budget_counts_the_hours_a_stopped_run_spent_before_its_stop(tmp_path, capsys):
+    import torch
+    fake_run(tmp_path / "spt_s0", 0.66, accs=(0.5, 0.7, 0.75), spt=True)     # 1 h each
+    fake_run(tmp_path / "scratch_s0", 0.51)
+    (tmp_path / "spt_s1").mkdir()
+    torch.save(dict(model={}, wall_time=7200.0), tmp_path / "spt_s1" / "ckpt.pt")   # stopped after 2 h
+    (tmp_path / "scratch_s1").mkdir()
+    (tmp_path / "scratch_s1" / "ckpt.pt").write_bytes(b"PK\x03\x04 cut short")          # damaged: counts 0
+    assert rescue.core_hours(str(tmp_path / "spt_s1")) == 2.0
+    assert rescue.core_hours(str(tmp_path / "scratch_s1")) == 0.0
+    rescue.main(["--action=run", f"--out={tmp_path}", "--max_core_hours=3.5"])   # 4 h used: nothing starts
+    out = capsys.readouterr().out
+    assert "start:" not in out and "the budget of 3.5 core-hours is spent" in out
 
 
 def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):

@@ -23,7 +23,7 @@ sweep stops there, as the issue asked: the rest would spend hours to repeat a nu
 Restartable: a run whose folder has summary.json is skipped, a stopped one resumes from
 its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
 output into FOLDER.log. Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no
-run starts once the finished and running ones have used --max_core_hours.
+run starts once the runs have used --max_core_hours (a stopped one counts to its checkpoint).
 """
 
 import json
@@ -185,10 +185,19 @@ def gate(cfg):
 
 
 def core_hours(d):
-    """Hours of one core a run has used: its summary's wall time, or its checkpoint's."""
+    """Hours of one core a run has used: a finished run's summary's wall time; an
+    unfinished one's up to its last checkpoint (0 without one). Both count the time before
+    a stop: a sweep that spans sessions spends its budget once."""
     if finished(d):
         return read_summary(d)["wall_time_s"] / 3600
-    return 0.0
+    path = os.path.join(d, "ckpt.pt")
+    if not os.path.exists(path):
+        return 0.0
+    import runfiles
+    try:
+        return runfiles.load_checkpoint(path)["wall_time"] / 3600
+    except (OSError, ValueError, KeyError):          # damaged: the run's own resume says so, in its log
+        return 0.0
 
 
 def command(d, flags, extra):
@@ -210,7 +219,9 @@ def run(cfg):
     going, failed, started = {}, set(), {}
     while True:
         stop = gate(cfg)
-        used = sum(core_hours(d) for d, _, _ in jobs(cfg)) + sum(time.time() - t for t in started.values()) / 3600
+        # a running run: its hours when it started, plus the time since (its checkpoint lags)
+        used = (sum(core_hours(d) for d, _, _ in jobs(cfg) if d not in going) +
+                sum(h + (time.time() - t) / 3600 for t, h in started.values()))
         todo = [(d, f, n) for d, f, n in jobs(cfg) if not finished(d) and d not in going and d not in failed]
         ready = [(d, f) for d, f, needs in todo if all(finished(n) for n in needs)]
         if stop or used >= cfg["max_core_hours"]:
@@ -221,7 +232,7 @@ def run(cfg):
             with open(d + ".log", "a") as log:
                 going[d] = subprocess.Popen(command(d, flags, extra), stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-            started[d] = time.time()
+            started[d] = (time.time(), core_hours(d))
         for d, p in list(going.items()):
             if p.poll() is not None:
                 del going[d], started[d]
@@ -284,7 +295,8 @@ def status(cfg):
         left += (total or preset_total()) - done
         rows.append(f"{os.path.basename(d):<17} {state}")
     used = sum(core_hours(d) for d, _, _ in jobs(cfg))
-    rows.append(f"core-hours of the finished runs: {used:.1f} of --max_core_hours={cfg['max_core_hours']:g}")
+    rows.append(f"core-hours used (finished runs, and the others to their last checkpoint): {used:.1f} of "
+                f"--max_core_hours={cfg['max_core_hours']:g}")
     if per_epoch:
         hours = left * float(np.mean(per_epoch))
         rows.append(f"left: {left} epochs, about {hours:.0f} core-hours at {60 * np.mean(per_epoch):.1f} min an "
