@@ -264,6 +264,8 @@ def test_rescue_budget_counts_the_hours_a_stopped_run_spent_before_its_stop(tmp_
     rescue.main(["--action=run", f"--out={tmp_path}", "--max_core_hours=3.5"])   # 4 h used: nothing starts
     out = capsys.readouterr().out
     assert "start:" not in out and "the budget of 3.5 core-hours is spent" in out
+    first = out.splitlines()[0]                        # the cost, said first: 16 runs x 27 epochs left
+    assert first.startswith("This sweep has 432 epochs left: about 0 core-hours") and "Shorter: --seeds=0" in first
 
 
 def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):

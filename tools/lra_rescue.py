@@ -216,6 +216,7 @@ def run(cfg):
         for d, flags, _ in jobs(cfg):
             print(" ".join(["python", "train_spt.py"] + flags + extra + [f"--out_dir={d}"]))
         return
+    announce(cfg)
     going, failed, started = {}, set(), {}
     while True:
         stop = gate(cfg)
@@ -282,31 +283,55 @@ def progress(d):
     return ("running: " if live(d) else "stopped (resumes from ckpt.pt): ") + where, done, total
 
 
-def status(cfg):
-    """One line a run, then the core-hours used and an estimate of what is left: the
-    finished runs' hours per epoch times the epochs left, cfg["slots"] at a time."""
-    rows, per_epoch, left = [], [], 0
+MIN_PER_EPOCH = 7.0   # one core, float32, two runs side by side on a 2-core Zen 5 EPYC (seed 0: 3.2 h / 27 epochs)
+
+
+def estimate(cfg):
+    """(epochs left, minutes an epoch, where that number comes from) of the whole sweep."""
+    left, per_epoch = 0, []
     for d, _, _ in jobs(cfg):
         state, done, total = progress(d)
         if state == "finished":
-            summary = read_summary(d)
-            per_epoch.append(summary["wall_time_s"] / 3600 / total)
-            state += f": test acc {summary['test_acc']:.3f}, {summary['wall_time_s'] / 3600:.2f} h"
+            per_epoch.append(read_summary(d)["wall_time_s"] / 60 / total)
         left += (total or preset_total()) - done
+    if per_epoch:
+        return left, float(np.mean(per_epoch)), "the finished runs' mean"
+    return left, MIN_PER_EPOCH, "measured on a 2-core Zen 5 EPYC, two runs side by side"
+
+
+def status(cfg):
+    """One line a run, then the core-hours used, an estimate of what is left, the gate."""
+    rows = []
+    for d, _, _ in jobs(cfg):
+        state, _, _ = progress(d)
+        if state == "finished":
+            summary = read_summary(d)
+            state += f": test acc {summary['test_acc']:.3f}, {summary['wall_time_s'] / 3600:.2f} h"
         rows.append(f"{os.path.basename(d):<17} {state}")
     used = sum(core_hours(d) for d, _, _ in jobs(cfg))
     rows.append(f"core-hours used (finished runs, and the others to their last checkpoint): {used:.1f} of "
                 f"--max_core_hours={cfg['max_core_hours']:g}")
-    if per_epoch:
-        hours = left * float(np.mean(per_epoch))
-        rows.append(f"left: {left} epochs, about {hours:.0f} core-hours at {60 * np.mean(per_epoch):.1f} min an "
-                    f"epoch (the finished runs' mean); no run starts once {cfg['max_core_hours']:g} are used")
+    left, minutes, source = estimate(cfg)
+    rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
+                f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
     first = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
     rows.append(gate(cfg) or (f"gate: open, {os.path.basename(first)} took off" if finished(first) else
                               f"gate: waits for {os.path.basename(first)} to finish"))
     text = "\n".join(rows)
     print(text)
     return text
+
+
+def announce(cfg):
+    """The sweep's cost, said before it starts anything, with the shorter ways."""
+    left, minutes, source = estimate(cfg)
+    budget = cfg["max_core_hours"] - sum(core_hours(d) for d, _, _ in jobs(cfg))
+    hours = max(0.0, min(left * minutes / 60, budget))
+    print(f"This sweep has {left} epochs left: about {hours:.0f} core-hours, {hours / cfg['slots']:.0f} h at "
+          f"{cfg['slots']} runs at a time ({minutes:.1f} min an epoch, {source}; --max_core_hours="
+          f"{cfg['max_core_hours']:g} caps it). Shorter: --seeds=0 (seed 0's runs), --max_core_hours=N. It can "
+          f"be stopped at any time and run again: it resumes. Where it stands: python tools/lra_rescue.py status",
+          flush=True)
 
 
 def preset_total():
