@@ -268,6 +268,30 @@ def test_rescue_budget_counts_the_hours_a_stopped_run_spent_before_its_stop(tmp_
     assert first.startswith("This sweep has 432 epochs left: about 0 core-hours") and "Shorter: --seeds=0" in first
 
 
+@pytest.mark.slow
+def test_rescue_gpu_script_stops_at_its_limit_then_resumes_and_hands_back_its_files(tmp_path):
+    """tools/lra_rescue_gpu.sh on the CPU with tiny runs: a first call cut at 12 s stops
+    its runs with SIGTERM (each saves its resume point); the second finishes them and
+    leaves the table, the figures and runs.tar.gz in $OUT."""
+    import os
+    import shutil
+    import subprocess
+    repo = tmp_path / "repo"
+    shutil.copytree(rescue.ROOT, repo, ignore=shutil.ignore_patterns("out*", "data", ".git", "__pycache__"))
+    extra = (f"--n_generate=600 --data_dir={tmp_path / 'data'} --n_embd=16 --n_head=2 --batch_size=8 "
+             "--log_every=1 --pretrain_epochs=1 --epochs=1")
+    out = tmp_path / "back"
+    out.mkdir()
+    env = dict(os.environ, EXTRA=extra, OUT=str(out))
+    call = lambda limit: subprocess.run(["bash", "tools/lra_rescue_gpu.sh", str(limit)], cwd=repo, env=env,
+                                        capture_output=True, text=True, timeout=600).stdout
+    assert "run this script again on this machine to resume" in call(12)
+    assert "terminated; the last good checkpoint" in (repo / "out/rescue_gpu/spt_s0.log").read_text()
+    second = call(300)
+    assert "done: out/rescue_gpu/spt_s0" in second and "spt_s0            finished" in second
+    assert {"rescue.md", "rescue_curves.png", "runs.tar.gz", "status.txt"} <= {p.name for p in out.iterdir()}
+
+
 def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):
     fake_run(tmp_path / "spt_s0", 0.517, spt=True)          # finished at chance
     fake_run(tmp_path / "scratch_s0", 0.517)

@@ -296,7 +296,7 @@ def estimate(cfg):
         left += (total or preset_total()) - done
     if per_epoch:
         return left, float(np.mean(per_epoch)), "the finished runs' mean"
-    return left, MIN_PER_EPOCH, "measured on a 2-core Zen 5 EPYC, two runs side by side"
+    return left, MIN_PER_EPOCH, "one CPU core's pace, on a Zen 5 EPYC; a GPU is faster"
 
 
 def status(cfg):
