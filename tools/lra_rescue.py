@@ -124,6 +124,11 @@ def preset_epochs():
     return p["pretrain_epochs"], p["epochs"]
 
 
+def preset_total():
+    """Epochs of an SPT run of the preset, SPT and finetuning (a scratch run's too)."""
+    return sum(preset_epochs())
+
+
 def arm_flags(arm, seed, out):
     """The train_spt.py flags of one arm at one seed."""
     spt_epochs, epochs = preset_epochs()
@@ -258,10 +263,11 @@ def live(d):
         with open(os.path.join(d, "run.lock")) as f:
             pid = int(f.read().strip() or 0)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace")
+            argv = f.read().decode(errors="replace").split("\0")
     except (OSError, ValueError):
         return False
-    return "train_spt.py" in argv and os.path.basename(d) in argv
+    out_dirs = [a[len("--out_dir="):].rstrip("/") for a in argv if a.startswith("--out_dir=")]
+    return any(a.endswith("train_spt.py") for a in argv) and os.path.basename(d) in map(os.path.basename, out_dirs)
 
 
 def progress(d):
@@ -332,10 +338,6 @@ def announce(cfg):
           f"{cfg['max_core_hours']:g} caps it). Shorter: --seeds=0 (seed 0's runs), --max_core_hours=N. It can "
           f"be stopped at any time and run again: it resumes. Where it stands: python tools/lra_rescue.py status",
           flush=True)
-
-
-def preset_total():
-    return sum(preset_epochs())
 
 
 # -----------------------------------------------------------------------------
