@@ -21,6 +21,9 @@ import sys
 
 import torch
 
+# The cap on examples and the RAM reader live in data_lra.py, which copies alone (with pathfinder.py)
+from data_lra import MAX_EXAMPLES as MAX_COUNT, memory_available
+
 # What a user can cause: a bad flag, a missing or malformed file, a folder in use, a
 # run that diverged. Anything else is a bug in this code and keeps its traceback.
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
@@ -29,7 +32,6 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)   # a disk that
 BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
 MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
-MAX_COUNT = 10**7         # a number of examples to make or read: 50x LRA's largest split
 NAME_MAX, PATH_MAX = 255, 4096   # bytes in one component of a path, and in a whole path (Linux)
 
 
@@ -198,15 +200,6 @@ def check_memory(n_params, device, bytes_per_param=16):
     if n_params * bytes_per_param > free:
         raise ValueError(f"the model has about {n_params:,} parameters: {n_params * bytes_per_param / 2**30:.1f} GiB "
                          f"to train, more than the {free / 2**30:.1f} GiB free here; lower --n_embd or the depth")
-
-
-def memory_available():
-    """Bytes of RAM the kernel says can be had without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_device(device):

@@ -983,16 +983,28 @@ def parse_args(argv):
     return cfg
 
 
+MAX_EXAMPLES = 10**7     # examples to make or read at most: 50x LRA's largest split (configurator.MAX_COUNT)
+
+
+def memory_available():
+    """Bytes of RAM the kernel says can be had without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def check_generate(task, n, resolution=None, flag="--n_generate"):
     """Refuse, before any work, a number of examples to generate that is over
-    configurator.MAX_COUNT or whose arrays would not fit in the memory free here."""
-    import configurator  # here, not at the top: data_lra.py imports alone with pathfinder.py
+    MAX_EXAMPLES or whose arrays would not fit in the memory free here."""
     R = resolution or (128 if task == "pathx" else 32)
     per_example = 4 * 2000 if task == "listops" else R * R         # ListOps: up to 2,000 int32 tokens
-    if n > configurator.MAX_COUNT or n * per_example > configurator.memory_available():
+    free = memory_available()
+    if n > MAX_EXAMPLES or n * per_example > free:
         raise ValueError(f"{flag}={n} is too many {task} examples to generate here (at most "
-                         f"{configurator.MAX_COUNT:,}, and about {per_example:,} bytes each must fit in the "
-                         f"{configurator.memory_available() / 2**30:.1f} GiB free); ask for fewer")
+                         f"{MAX_EXAMPLES:,}, and about {per_example:,} bytes each must fit in the "
+                         f"{free / 2**30:.1f} GiB free); ask for fewer")
 
 
 def _cli_value(key, value):

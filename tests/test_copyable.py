@@ -28,6 +28,12 @@ for task, make in (("pathfinder", "generate_pathfinder"), ("listops", "generate_
 written = [f for _, _, fs in os.walk(d) for f in fs]
 assert any(f.endswith(".npz") for f in written) and any(f.endswith(".tsv") for f in written), written
 assert not [f for f in written if "tmp" in f], written
+m.check_generate("pathfinder", 1000)                                       # the size check, alone too
+try:
+    m.check_generate("pathfinder", m.MAX_EXAMPLES + 1)
+    raise AssertionError("check_generate took more than MAX_EXAMPLES")
+except ValueError as e:
+    assert "too many pathfinder examples" in str(e), e
 """
 ANALYSIS = """
 import os, tempfile, torch
