@@ -18,7 +18,7 @@ order):
     spt_torch      (e) as spt, and
     scratch_torch      as scratch, with PyTorch's init: W_Q and W_K not tied at the start
 Seed 0's spt and scratch run first. If that SPT run never takes off (take_off_epoch), the
-sweep stops there, as the issue asked: the rest would spend hours to repeat a null.
+sweep stops there: the rest would spend hours to repeat a null.
 
 Restartable: a run whose folder has summary.json is skipped, a stopped one resumes from
 its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
