@@ -221,15 +221,18 @@ def run(cfg):
         for d, flags, _ in jobs(cfg):
             print(" ".join(["python", "train_spt.py"] + flags + extra + [f"--out_dir={d}"]))
         return
-    announce(cfg)
+    spent = {d: core_hours(d) for d, _, _ in jobs(cfg)}     # each run's hours; renewed when a run ends
+    announce(cfg, sum(spent.values()))
     going, failed, started = {}, set(), {}
+    first, stop, judged = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0])), None, False
     while True:
-        stop = gate(cfg)
         # a running run: its hours when it started, plus the time since (its checkpoint lags)
-        used = (sum(core_hours(d) for d, _, _ in jobs(cfg) if d not in going) +
-                sum(h + (time.time() - t) / 3600 for t, h in started.values()))
+        used = sum(h + (time.time() - started[d]) / 3600 if d in going else h for d, h in spent.items())
         todo = [(d, f, n) for d, f, n in jobs(cfg) if not finished(d) and d not in going and d not in failed]
         ready = [(d, f) for d, f, needs in todo if all(finished(n) for n in needs)]
+        if not judged:          # after `ready`: a run that needs seed 0's pair waits for this judgement
+            judged = finished(first)
+            stop = gate(cfg)    # read once seed 0's SPT run has finished, then kept
         if stop or used >= cfg["max_core_hours"]:
             ready = []
         for d, flags in ready[:max(0, cfg["slots"] - len(going))]:
@@ -238,17 +241,18 @@ def run(cfg):
             with open(d + ".log", "a") as log:
                 going[d] = subprocess.Popen(command(d, flags, extra), stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-            started[d] = (time.time(), core_hours(d))
+            started[d] = time.time()
         for d, p in list(going.items()):
             if p.poll() is not None:
                 del going[d], started[d]
+                spent[d] = core_hours(d)
                 print(("done: " if finished(d) else "FAILED: ") + f"{d} (see {d}.log)", flush=True)
                 failed |= set() if finished(d) else {d}
         if not going and not ready:
             break
         time.sleep(2)
     left = [d for d, _, _ in jobs(cfg) if not finished(d)]
-    print(gate(cfg) or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
+    print(stop or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
                         cfg["max_core_hours"] else ""))
     print(f"{len(left)} runs not finished" if left else "every run finished")
 
@@ -292,11 +296,11 @@ def progress(d):
 MIN_PER_EPOCH = 7.0   # one core, float32, two runs side by side on a 2-core Zen 5 EPYC (seed 0: 3.2 h / 27 epochs)
 
 
-def estimate(cfg):
-    """(epochs left, minutes an epoch, where that number comes from) of the whole sweep."""
+def estimate(runs):
+    """(epochs left, minutes an epoch, where that number comes from) of the whole sweep;
+    runs: [(folder, progress(folder))] of every job."""
     left, per_epoch = 0, []
-    for d, _, _ in jobs(cfg):
-        state, done, total = progress(d)
+    for d, (state, done, total) in runs:
         if state == "finished":
             per_epoch.append(read_summary(d)["wall_time_s"] / 60 / total)
         left += (total or preset_total()) - done
@@ -307,9 +311,8 @@ def estimate(cfg):
 
 def status(cfg):
     """One line a run, then the core-hours used, an estimate of what is left, the gate."""
-    rows = []
-    for d, _, _ in jobs(cfg):
-        state, _, _ = progress(d)
+    rows, runs = [], [(d, progress(d)) for d, _, _ in jobs(cfg)]
+    for d, (state, _, _) in runs:
         if state == "finished":
             summary = read_summary(d)
             state += f": test acc {summary['test_acc']:.3f}, {summary['wall_time_s'] / 3600:.2f} h"
@@ -317,7 +320,7 @@ def status(cfg):
     used = sum(core_hours(d) for d, _, _ in jobs(cfg))
     rows.append(f"core-hours used (finished runs, and the others to their last checkpoint): {used:.1f} of "
                 f"--max_core_hours={cfg['max_core_hours']:g}")
-    left, minutes, source = estimate(cfg)
+    left, minutes, source = estimate(runs)
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
     first = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
@@ -328,10 +331,11 @@ def status(cfg):
     return text
 
 
-def announce(cfg):
-    """The sweep's cost, said before it starts anything, with the shorter ways."""
-    left, minutes, source = estimate(cfg)
-    budget = cfg["max_core_hours"] - sum(core_hours(d) for d, _, _ in jobs(cfg))
+def announce(cfg, used):
+    """The sweep's cost, said before it starts anything, with the shorter ways; used: the
+    core-hours its runs have spent so far."""
+    left, minutes, source = estimate([(d, progress(d)) for d, _, _ in jobs(cfg)])
+    budget = cfg["max_core_hours"] - used
     hours = max(0.0, min(left * minutes / 60, budget))
     print(f"This sweep has {left} epochs left: about {hours:.0f} core-hours, {hours / cfg['slots']:.0f} h at "
           f"{cfg['slots']} runs at a time ({minutes:.1f} min an epoch, {source}; --max_core_hours="
