@@ -452,9 +452,10 @@ def smooth(x, y, k=10):
 def plot_curves(runs, floor, path):
     """Left: SPT loss of every SPT seed (train, smoothed; val, dots). Middle: val loss
     against labelled step, every arm and seed, with the best constant answer's loss.
-    Right: val accuracy against labelled step. One colour an arm, one line a seed."""
+    Third: val accuracy against labelled step. Right: val accuracy against all steps, SPT's
+    included, so that the arms line up at equal compute. One colour an arm, one line a seed."""
     import analysis
-    plt, (fig, (ax_spt, ax_loss, ax_acc)) = analysis.plt_figure(1, 3, figsize=(16, 4.2))
+    plt, (fig, (ax_spt, ax_loss, ax_acc, ax_all)) = analysis.plt_figure(1, 4, figsize=(21, 4.2))
     colours = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:gray")))
     for arm, members in runs.items():
         c = colours[arm]
@@ -465,12 +466,16 @@ def plot_curves(runs, floor, path):
                 ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=3, label=label)
             ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", color=c, markersize=3, lw=0.8, label=label)
             ax_acc.plot(*curve(d, "finetune", "val_acc"), "o-", color=c, markersize=3, lw=0.8, label=label)
-    ax_acc.axhline(CHANCE, color="k", lw=0.6, ls=":")
+            steps, acc = curve(d, "finetune", "val_acc")
+            ax_all.plot(steps + spt_step_count(d), acc, "o-", color=c, markersize=3, lw=0.8, label=label)
+    for a in (ax_acc, ax_all):
+        a.axhline(CHANCE, color="k", lw=0.6, ls=":")
     ax_loss.axhline(floor, color="k", lw=0.6, ls=":")
     ax_spt.set_title("SPT loss (masked pixels; dots: val)"), ax_spt.set_xlabel("SPT step")
     ax_loss.set_title("val loss (dotted: the best constant answer)"), ax_loss.set_xlabel("labelled step")
     ax_acc.set_title("val accuracy (1,000 images)"), ax_acc.set_xlabel("labelled step")
-    for a in (ax_spt, ax_loss, ax_acc):
+    ax_all.set_title("val accuracy at equal compute"), ax_all.set_xlabel("step, SPT + labelled")
+    for a in (ax_spt, ax_loss, ax_acc, ax_all):
         a.grid(alpha=0.3)
         a.legend(fontsize=7) if a.get_legend_handles_labels()[0] else None
     fig.tight_layout()
