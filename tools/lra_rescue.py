@@ -7,8 +7,9 @@ layers, 8,000 training images, SPT 2,750 steps, finetuning 4,000).
     python tools/lra_rescue.py report         # table + verdict (rescue.md) and figures
     python tools/lra_rescue.py status         # each run: finished, running, stopped or waiting
 
-Each run takes about 3 h of one core (a Zen 5 EPYC, two side by side): the first two
-arms on 3 seeds are about 10 h of two cores, every arm about 20 h. The arms, in the order
+A run of 27 epochs takes about 3.2 h of one core (a Zen 5 EPYC, two side by side). The
+first two arms on 3 seeds are about 19 core-hours (10 h of two cores), the first three
+about 29, and every arm about 54, more than the default cap of 30. The arms, in the order
 they run (the data are generated once; a seed changes the init, the masks and the batch
 order):
     spt            (a) SPT, then finetuning (the preset)
@@ -24,6 +25,7 @@ Restartable: a run whose folder has summary.json is skipped, a stopped one resum
 its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
 output into FOLDER.log. Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no
 run starts once the runs have used --max_core_hours (a stopped one counts to its checkpoint).
+The runs going when the cap is reached finish, so a sweep can pass it by up to --slots runs.
 """
 
 import json
