@@ -467,8 +467,8 @@ def plot_curves(runs, floor, path):
                 ax_spt.plot(*smooth(*curve(d, "spt", "loss")), color=c, lw=0.8, alpha=0.6)
                 ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=3, label=label)
             ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", color=c, markersize=3, lw=0.8, label=label)
-            ax_acc.plot(*curve(d, "finetune", "val_acc"), "o-", color=c, markersize=3, lw=0.8, label=label)
             steps, acc = curve(d, "finetune", "val_acc")
+            ax_acc.plot(steps, acc, "o-", color=c, markersize=3, lw=0.8, label=label)
             ax_all.plot(steps + spt_step_count(d), acc, "o-", color=c, markersize=3, lw=0.8, label=label)
     for a in (ax_acc, ax_all):
         a.axhline(CHANCE, color="k", lw=0.6, ls=":")
