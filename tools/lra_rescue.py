@@ -179,10 +179,15 @@ def val_split(d):
     return len(val), float(np.mean([int(val[i][1]) for i in range(len(val))]))
 
 
+def first_spt(cfg):
+    """The folder of the first seed's SPT run, which the gate judges."""
+    return folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+
+
 def gate(cfg):
     """None while the sweep may go on; else why it stops: seed 0's SPT run finished
     without taking off."""
-    d = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+    d = first_spt(cfg)
     if not finished(d):
         return None
     n, share = val_split(d)
@@ -226,7 +231,7 @@ def run(cfg):
     spent = {d: core_hours(d) for d, _, _ in jobs(cfg)}     # each run's hours; renewed when a run ends
     announce(cfg, sum(spent.values()))
     going, failed, started = {}, set(), {}
-    first, stop, judged = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0])), None, False
+    first, stop, judged = first_spt(cfg), None, False
     while True:
         # a running run: its hours when it started, plus the time since (its checkpoint lags)
         used = sum(h + (time.time() - started[d]) / 3600 if d in going else h for d, h in spent.items())
@@ -325,7 +330,7 @@ def status(cfg):
     left, minutes, source = estimate(runs)
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
-    first = folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+    first = first_spt(cfg)
     rows.append(gate(cfg) or (f"gate: open, {os.path.basename(first)} took off" if finished(first) else
                               f"gate: waits for {os.path.basename(first)} to finish"))
     text = "\n".join(rows)
