@@ -184,8 +184,8 @@ def check_config(cfg, given=()):
             raise ValueError(f"--{key}={cfg[key]}: unknown parameter group {bad[0]!r}; choose from "
                              f"{sorted(groups)}, a comma list of them, or none")
     check_ranges(cfg, positive=("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "grad_accum",
-                                "epochs", "log_every", "max_hours"),
-                 nonnegative=("pretrain_epochs", "n_generate", "max_len", "n_train", "n_eval", "patience",
+                                "log_every", "max_hours"),
+                 nonnegative=("epochs", "pretrain_epochs", "n_generate", "max_len", "n_train", "n_eval", "patience",
                               "weight_decay", "grad_clip", "pretrain_lr", "ckpt_every", "warmup_steps",
                               "pretrain_warmup_steps",
                               "snapshot_attn_every", "halt_after_steps", "num_workers"),
@@ -196,6 +196,9 @@ def check_config(cfg, given=()):
     if cfg["pixel_encoder"] == "linear" and cfg["task"] not in IMAGE_TASKS:   # (a pretraining task is
         raise ValueError(f"--pixel_encoder=linear reads grey levels: it applies only to "   # one of them too:
                          f"{', '.join(IMAGE_TASKS)}; use --pixel_encoder=token here")        # check_data)
+    if cfg["epochs"] == 0 and (cfg["pretrain_epochs"] == 0 or cfg["init_from"] not in ("", "resume")):
+        raise ValueError("--epochs=0 runs the SPT phase alone; it needs --pretrain_epochs > 0 and no "
+                         "--init_from checkpoint")
     if not 0 < cfg["mask_ratio"] < 1:
         raise ValueError(f"--mask_ratio={cfg['mask_ratio']} must be between 0 and 1")
     parse_int_list("save_epochs", cfg["save_epochs"])

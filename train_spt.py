@@ -542,6 +542,8 @@ def run_phases(run, data, model, seen):
         spt_ckpt = os.path.join(cfg["out_dir"], "spt_best.pt")
     if rt.ddp:
         dist.barrier()                                            # rank 0 has written the SPT checkpoint
+    if cfg["epochs"] == 0:                      # SPT alone: its checkpoints are what other runs finetune from
+        return spt_only(run, seen, model, data["val"], spt)
     model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
     if spt_ckpt:
@@ -562,6 +564,17 @@ def run_phases(run, data, model, seen):
         frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.elapsed()))
 
 
+def spt_only(run, seen, model, val_ds, spt):
+    """The summary of a run that stops after SPT (--epochs=0): the SPT checkpoints
+    (spt_best.pt, spt_epoch<N>.pt) are its product; `--init_from=RUN/spt_best.pt` in
+    another run finetunes from them exactly as phase 2 of an SPT run does."""
+    load_weights(model, spt.best_path)
+    seen.observe("spt", model, val_ds, run.rt.device)
+    return summarize(run, seen, model, val_ds, dict(
+        pretrain_epochs=run.cfg["pretrain_epochs"], spt_best_val_loss=-spt.state["best"],
+        spt_best_epoch=spt.state["best_epoch"], steps=0, spt_steps=spt.state["step"], wall_time_s=run.elapsed()))
+
+
 def summarize(run, seen, model, val_ds, results):
     """summary.json (the run's flags, its results, the attention statistics at each
     stage) and the figures: curves, proximity, attention evolution, the 2-D maps."""
@@ -579,6 +592,11 @@ def summarize(run, seen, model, val_ds, results):
     run.write_summary(summary)
     seen.plot(val_ds[0][0])
     spt_report.plot_run(cfg["out_dir"])
+    if "test_acc" not in summary:                                  # SPT alone
+        print(f"SPT best val loss {summary['spt_best_val_loss']:.4f} (epoch {summary['spt_best_epoch']}); "
+              f"attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, after SPT "
+              f"{summary['mass_w2_spt']:.3f}; files in {cfg['out_dir']}")
+        return summary
     print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), test acc "
           f"{summary['test_acc']:.4f}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
           f"{summary['mass_w2_finetune']:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
