@@ -910,6 +910,39 @@ def load_listops_task(split, data_dir, max_len=2000, data_source="auto", n=100_0
 # -----------------------------------------------------------------------------
 # the one entry point
 
+# -----------------------------------------------------------------------------
+# Photos: images that are not contours, for SPT on another image set (Paper A: pretraining
+# on other data still helps). 32x32 grey crops of the one photograph that matplotlib ships
+# in its package data (mpl-data/sample_data/grace_hopper.jpg: Grace Hopper's portrait,
+# 512x600 RGB), so nothing is downloaded. Each crop: a random square window of 32-128
+# pixels, resized to 32x32 (bilinear), flipped left-right with probability 1/2, 256 grey
+# levels (PIL's "L": 0.299 R + 0.587 G + 0.114 B). No labels (all 0): pretraining data only.
+
+PHOTO = "grace_hopper.jpg"
+
+
+def photo_crops(n, seed=0, side=32):
+    """n crops of side x side grey pixels from matplotlib's sample photograph, (n, side*side) uint8."""
+    import matplotlib.cbook
+    from PIL import Image
+    with matplotlib.cbook.get_sample_data(PHOTO) as f:
+        grey = Image.open(f).convert("L")
+    rng = np.random.default_rng(seed)
+    crops = np.empty((n, side * side), np.uint8)
+    for i in range(n):
+        size = int(rng.integers(side, 4 * side + 1))
+        x, y = int(rng.integers(0, grey.width - size + 1)), int(rng.integers(0, grey.height - size + 1))
+        crop = np.asarray(grey.crop((x, y, x + size, y + size)).resize((side, side), Image.BILINEAR))
+        crops[i] = (crop[:, ::-1] if rng.random() < 0.5 else crop).reshape(-1)
+    return crops
+
+
+def load_photos(split, data_dir, n=10_000, seed=0):
+    """One split (80/10/10) of n photo crops: a one-class LRADataset, for --pretrain_task=photos."""
+    idx = _split_80_10_10(n, split)
+    return _byte_dataset("photos", split, photo_crops(n, seed)[idx], np.zeros(len(idx), np.int64), 1, 1024)
+
+
 TASK_OPTIONS = {  # task -> (loader, its options and defaults)
     "listops": (load_listops_task, dict(max_len=2000, data_source="auto", n=100_000, seed=0, progress=True)),
     "text": (load_text, dict(max_len=4096)),
@@ -917,6 +950,7 @@ TASK_OPTIONS = {  # task -> (loader, its options and defaults)
     "image": (load_image, dict()),
     "pathfinder": (load_pathfinder, dict(resolution=32, difficulty="contour_length_14", data_source="auto",
                                          n=200_000, seed=0, progress=True)),
+    "photos": (load_photos, dict(n=10_000, seed=0)),
     "pathx": (load_pathfinder, dict(resolution=128, difficulty="contour_length_14", data_source="auto",
                                     n=200_000, seed=0, progress=True)),
 }

@@ -58,7 +58,11 @@ TASKS = {   # depth = n_layer
         depth=4, n_embd=128, n_head=4, ffn_mult=1, lr=5e-4, batch_size=32, pool="max", epochs=200,
         warmup_steps=5000, pretrain_warmup_steps=5000, mask_ratio=0.50, init="amos", pixel_encoder="linear",
         pretrain_epochs=50),   # not checked: their PathX SPT config was not read; PathFinder's value
+    "photos": dict(      # ours: crops of a photograph (data_lra.load_photos), only ever a --pretrain_task
+        depth=1, n_embd=64, n_head=4, ffn_mult=1, lr=1e-3, batch_size=32, pretrain_epochs=10, epochs=1, mask_ratio=0.50,
+        init="amos", pixel_encoder="linear"),
 }
+PRETRAIN_ONLY = ("photos",)   # no labels: SPT data for another task, never a task to finetune on
 
 # Named sets of overrides (--preset=...), applied after the task's defaults and before
 # the command line: "*" for every task, then the task's own. Ours, not Amos et al.'s:
@@ -125,7 +129,7 @@ def flag_scope(cfg):
     spt = (cfg["pretrain_epochs"] > 0 and not given_weights, "a run with an SPT phase (--pretrain_epochs > 0 "
                                                                 "and no --init_from checkpoint)")
     return dict(
-        max_len=on("listops", "text", "retrieval"), n_generate=on("listops", "pathfinder", "pathx"),
+        max_len=on("listops", "text", "retrieval"), n_generate=on("listops", "pathfinder", "pathx", "photos"),
         data_source=on("listops", "pathfinder", "pathx"), difficulty=on("pathfinder", "pathx"),
         data_dir=(tasks != {"synthetic"}, "the LRA tasks (the synthetic task is made in memory)"),
         pretrain_task=spt, spt_objective=spt, mask_ratio=spt, pretrain_lr=spt, pretrain_schedule=spt,
@@ -193,6 +197,9 @@ def check_config(cfg, given=()):
     TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],   # model flags,
                       ffn_mult=cfg["ffn_mult"], pos_enc=cfg["pos_enc"], pool=cfg["pool"],   # before
                       init=cfg["init"], pixel_encoder=cfg["pixel_encoder"])            # the data
+    if cfg["task"] in PRETRAIN_ONLY:
+        raise ValueError(f"--task={cfg['task']} has no labels to finetune on; use it as --pretrain_task="
+                         f"{cfg['task']} with --task=pathfinder (or another image task)")
     if cfg["pixel_encoder"] == "linear" and cfg["task"] not in IMAGE_TASKS:   # (a pretraining task is
         raise ValueError(f"--pixel_encoder=linear reads grey levels: it applies only to "   # one of them too:
                          f"{', '.join(IMAGE_TASKS)}; use --pixel_encoder=token here")        # check_data)

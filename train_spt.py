@@ -111,8 +111,8 @@ def load_data(task, split, cfg):
         options = {}
         if task in ("listops", "pathfinder", "pathx"):
             options["data_source"] = cfg["data_source"]
-            if cfg["n_generate"]:
-                options["n"] = cfg["n_generate"]
+        if task in ("listops", "pathfinder", "pathx", "photos") and cfg["n_generate"]:
+            options["n"] = cfg["n_generate"]
         if task in ("pathfinder", "pathx"):
             options["difficulty"] = cfg["difficulty"]
         if task in ("listops", "text", "retrieval") and cfg["max_len"]:

@@ -632,3 +632,19 @@ def test_a_full_disk_while_caching_is_one_line_and_keeps_the_earlier_cache(tmp_p
     with pytest.raises(OSError, match=f"no space left to write {path}"):
         D._save_npz(path, dict(k=2), images=np.ones((2, 3)))
     assert open(path, "rb").read() == before and sorted(os.listdir(tmp_path / "generated")) == ["x.npz", "x.npz.json"]
+
+
+def test_photos_are_grey_crops_of_a_photograph_not_contours():
+    """--pretrain_task=photos: 256-level crops of matplotlib's sample photograph, the
+    same every time, in PathFinder's 80/10/10 split sizes, one class."""
+    train, val = D.load_task("photos", "train", n=200), D.load_task("photos", "val", n=200)
+    assert (len(train), len(val), train.n_classes, train.max_len) == (160, 20, 1, 1024)
+    assert (train.vocab_size, train.pad_id, train.mask_id) == (D.BYTE_VOCAB, D.BYTE_PAD, D.BYTE_MASK)
+    crops = D.photo_crops(50, seed=0)
+    assert crops.shape == (50, 1024) and crops.dtype == np.uint8
+    assert np.array_equal(crops, D.photo_crops(50, seed=0)) and not np.array_equal(crops, D.photo_crops(50, seed=1))
+    levels = [len(np.unique(c)) for c in crops]
+    assert np.median(levels) > 40                           # shades of grey, not PathFinder's dark field + strokes
+    near = np.abs(np.diff(crops.reshape(50, 32, 32).astype(float), axis=2)).mean()
+    far = np.abs(crops.reshape(50, 32, 32)[:, :, 16:].astype(float) - crops.reshape(50, 32, 32)[:, :, :16]).mean()
+    assert near < far / 2                                   # a photograph: neighbouring pixels alike

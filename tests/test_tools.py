@@ -2,6 +2,7 @@
 PathFinder setting (its CPU smoke test runs a few steps per arm, in parallel processes)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -125,7 +126,7 @@ def test_plateau_report_finds_the_first_spt_epoch_below_the_threshold(tmp_path, 
         spt_plateau.main([f"--runs={tmp_path / 'nowhere'}"])
 
 
-# tools/lra_rescue.py: the PathFinder rescue's seed runs, verdict and figures
+# tools/lra_rescue.py: the PathFinder rescue and its ablations: seed runs, records, verdicts, figures
 from tools import lra_rescue as rescue  # noqa: E402
 
 
@@ -144,6 +145,35 @@ UP, STUCK = [True] * 3, [False] * 3
 ])
 def test_rescue_verdict_follows_the_rule_written_before_the_runs(spt, spt_off, base, base_off, expected):
     assert rescue.verdict(spt, spt_off, base, base_off) == expected
+
+
+SPT, BASE = [0.649, 0.697, 0.747], [0.524, 0.627, 0.507]      # take two's seeds: gain 0.145
+
+
+@pytest.mark.parametrize("arm,arm_off,spt,base,expected", [
+    ([0.70, 0.69, 0.72], UP, SPT, BASE, "recovers the gain"),             # 0.87 of the gain, all took off
+    ([0.76, 0.75, 0.80], UP, SPT, BASE, "recovers the gain"),             # above spt: still "recovers"
+    ([0.70, 0.69, 0.72], [True, True, False], SPT, BASE, "part of the gain"),   # a seed stuck where spt's took off
+    ([0.64, 0.65, 0.66], UP, SPT, BASE, "part of the gain"),              # above every base seed, 0.52 of the gain
+    ([0.60, 0.65, 0.66], UP, SPT, BASE, "no gain"),                        # 0.60 is inside base's range
+    ([0.52, 0.51, 0.53], STUCK, SPT, BASE, "no gain"),
+    ([0.49, 0.48, 0.50], STUCK, SPT, BASE, "worse"),
+    ([0.70, 0.69, 0.72], UP, [0.60, 0.70, 0.75], BASE, "no gain to recover"),   # spt itself overlaps base
+    ([0.70, 0.69], UP[:2], SPT, BASE, "too few seeds (3 per arm needed)"),
+])
+def test_rescue_gain_verdict_names_how_much_of_spts_gain_an_arm_keeps(arm, arm_off, spt, base, expected):
+    assert rescue.gain_verdict(arm, arm_off, spt, UP, base) == expected
+
+
+@pytest.mark.parametrize("frozen,expected", [
+    ([0.52, 0.51, 0.60], "changes little"),       # overlaps, means 0.010 apart
+    ([0.51, 0.62, 0.75], "not separated"),        # overlaps, means 0.074 apart
+    ([0.49, 0.50, 0.50], "frozen worse"),
+    ([0.70, 0.66, 0.64], "frozen better"),
+    ([0.5, 0.5], "too few seeds (3 per arm needed)"),
+])
+def test_rescue_frozen_verdict_asks_whether_freezing_the_attention_changes_training(frozen, expected):
+    assert rescue.frozen_verdict(frozen, BASE) == expected
 
 
 def evals(pairs, se=0.003):
@@ -165,21 +195,35 @@ def test_rescue_take_off_is_the_first_of_two_evaluations_off_chance():
     assert rescue.standard_error(0.5, 1000) == pytest.approx(0.0158, abs=1e-4)
 
 
-def test_rescue_lists_every_arm_and_seed_seed_0_first(capsys):
-    rescue.main(["--action=run", "--dry=True", "--out=/o"])
-    runs = capsys.readouterr().out.strip().splitlines()
-    assert len(runs) == 6 * 3 and all("--task=pathfinder --preset=cpu_rescue" in r for r in runs)
-    assert runs[0].endswith("--seed=0 --out_dir=/o/spt_s0") and runs[1].endswith("--seed=0 --out_dir=/o/scratch_s0")
+def dry_run(capsys, *flags):
+    rescue.main(["--action=run", "--dry=True", "--out=/o", "--results=/r", *flags])
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_rescue_lists_each_arm_on_every_seed_after_the_spt_runs_it_starts_from(capsys):
+    runs = dry_run(capsys)
+    names = [r.split("--out_dir=/o/")[1] for r in runs]
+    assert names[:6] == ["spt_pretrain_s0", "spt_pretrain_s1", "spt_pretrain_s2", "spt_s0", "spt_s1", "spt_s2"]
+    assert [n[:-3] for n in names[6::3]] == ["qk", "mlp", "short1", "short5", "cross_pretrain", "cross", "frozen",
+                                            "attn"]
+    assert all("--task=pathfinder --preset=cpu_rescue" in r for r in runs) and len(runs) == 10 * 3
     spt_epochs, epochs = rescue.preset_epochs()
     assert (spt_epochs, epochs) == (11, 16)                 # 2,750 SPT steps + 4,000 labelled ones at batch 32
-    scratch = [r for r in runs if "/scratch" in r or "/learned" in r]
-    assert len(scratch) == 9 and all("--pretrain_epochs=0 --epochs=27 " in r for r in scratch)   # compute-matched
-    assert all("--pos_enc=learned" in r for r in runs if "/learned_s" in r)
-    assert all("--init_from=/o/spt_s" in r and "--init_params=qk" in r for r in runs if "/qk_s" in r)
-    assert sum("--init=torch" in r for r in runs) == 6
-    needs = {d: n for d, _, n in rescue.jobs(dict(seeds="0,1,2", out="/o"))}
-    assert needs["/o/spt_s0"] == [] and needs["/o/spt_s1"] == ["/o/spt_s0", "/o/scratch_s0"]
-    assert needs["/o/qk_s2"] == ["/o/spt_s0", "/o/scratch_s0", "/o/spt_s2"]
+    by = dict(zip(names, runs))
+    assert "--epochs=0 --seed=1 " in by["spt_pretrain_s1"] and "--pretrain_task=photos --epochs=0" in by["cross_pretrain_s0"]
+    assert "--init_from=/r/spt_pretrain_s2/spt_best.pt --init_params=qk --seed=2 " in by["qk_s2"]
+    assert "--init_from=/r/spt_pretrain_s0/spt_best.pt --init_params=mlp " in by["mlp_s0"]
+    assert "--init_from=/r/spt_pretrain_s1/spt_epoch5.pt --init_params=all " in by["short5_s1"]
+    assert "--init_from=/r/cross_pretrain_s0/spt_best.pt --init_params=all " in by["cross_s0"]
+    assert "--pretrain_epochs=0 --epochs=27 --freeze=attn " in by["frozen_s2"]            # compute-matched
+    needs = {(n, s): k for n, s, k in rescue.jobs(dict(seeds="0,1,2", arms=rescue.DEFAULTS["arms"]))}
+    assert needs["spt_pretrain", 0] == [] and needs["spt", 1] == [("spt_pretrain", 1)]    # spt is not gated
+    assert needs["qk", 2] == [("spt_pretrain", 2), ("spt", 0)] and needs["frozen", 0] == [("spt", 0)]
+    old = dry_run(capsys, "--arms=scratch,learned,spt_torch,scratch_torch", "--seeds=0")
+    assert "--pretrain_epochs=0 --epochs=27 --pos_enc=learned " in old[1]
+    assert "--init=torch --epochs=0 --seed=0 --out_dir=/o/torch_pretrain_s0" in old[2]
+    with pytest.raises(ValueError, match="unknown arm 'qkv'"):
+        dry_run(capsys, "--arms=spt,qkv")
 
 
 def test_rescue_preset_is_the_probed_depth_2_setting():
@@ -192,125 +236,180 @@ def test_rescue_preset_is_the_probed_depth_2_setting():
         dtype="float32", schedule="constant", pretrain_schedule="constant", warmup_frac=0.05)
 
 
-def fake_run(d, test_acc, accs=(0.517, 0.483), spt=False):
+def fake_record(d, test_acc=None, accs=(0.517, 0.483), init_from="", spt=False):
+    """A record as keep_record leaves it: no checkpoint, val.json beside the log. spt: an
+    SPT-alone record (3 SPT epochs, best 3); else a finetuning one (init_from: its start)."""
     import json
     d.mkdir(parents=True)
     cfg = rescue.train_spt_config(["--n_generate=1000", f"--data_dir={d.parent / 'data'}"])
-    (d / "config.json").write_text(json.dumps(cfg))
-    records = [dict(phase="finetune", step=10 * k, epoch=0, loss=0.7) for k in range(1, 30)]
-    records += [dict(phase="finetune", step=300 * (e + 1), epoch=e + 1, val_loss=0.69, val_loss_se=0.002,
-                     val_acc=a) for e, a in enumerate(accs)]
+    (d / "config.json").write_text(json.dumps(dict(cfg, init_from=init_from)))
+    (d / "val.json").write_text(json.dumps(dict(n=100, share=0.5)))
     if spt:
-        records = [dict(phase="spt", step=10 * k, epoch=0, loss=1.4 - k / 100) for k in range(1, 30)] + records
+        records = [dict(phase="spt", step=10 * k, epoch=0, loss=1.4 - k / 100) for k in range(1, 30)]
+        records += [dict(phase="spt", step=100 * e, epoch=e, val_loss=1.3 - e / 10, val_acc=0.1) for e in (1, 2, 3)]
+        summary = dict(spt_best_val_loss=1.0, spt_best_epoch=3, steps=0, wall_time_s=1800.0)
+    else:
+        records = [dict(phase="finetune", step=10 * k, epoch=0, loss=0.7) for k in range(1, 30)]
+        records += [dict(phase="finetune", step=300 * (e + 1), epoch=e + 1, val_loss=0.69, val_loss_se=0.002,
+                         val_acc=a) for e, a in enumerate(accs)]
+        summary = dict(test_acc=test_acc, best_val_acc=max(accs), steps=300 * len(accs), wall_time_s=3600.0)
     (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps(dict(test_acc=test_acc, best_val_acc=max(accs), steps=300 * len(accs),
-                                                    wall_time_s=3600.0, spt_best_val_loss=1.1 if spt else None)))
+    (d / "summary.json").write_text(json.dumps(summary))
 
 
-def test_rescue_report_tables_every_arm_and_judges_by_the_rule(tmp_path):
-    for s, (spt, scratch) in enumerate([(0.66, 0.51), (0.63, 0.49), (0.70, 0.50)]):
-        fake_run(tmp_path / f"spt_s{s}", spt, accs=(0.5, 0.7, 0.75), spt=True)
-        fake_run(tmp_path / f"scratch_s{s}", scratch)
-    text = rescue.main(["--action=report", f"--out={tmp_path}"])
-    assert "| spt | 3 | 1.100 ± 0.000 | - / - |" in text and "| 0.663 ± 0.035 |" in text
-    assert "0.660 ± 0.047 (2)" in text and "0.510 ± 0.050 (stuck)" in text and "| 290 + 900 |" in text   # 100 images
-    assert "compute-matched: **rescued**" in text and "spt: 3 of 3 seeds took off" in text
-    assert (tmp_path / "rescue.md").read_text() == text and (tmp_path / "rescue_curves.png").exists()
-    rescue.main(["--action=report", f"--out={tmp_path}", f"--figures={tmp_path / 'new' / 'assets'}"])
+def fake_sweep(results, arms=(("spt", (0.66, 0.63, 0.70)), ("qk", (0.66, 0.64, 0.70)), ("mlp", (0.51, 0.50, 0.52)))):
+    """SPT-alone records of seeds 0-2, arms finetuned from them, take two's scratch seeds."""
+    import json
+    import shutil
+    for s in range(3):
+        fake_record(results / f"spt_pretrain_s{s}", spt=True)
+        for arm, accs in arms:
+            up = (0.5, 0.7, 0.75) if accs[s] > 0.6 else (0.517, 0.483)
+            fake_record(results / f"{arm}_s{s}", accs[s], accs=up,
+                        init_from=str(results / f"spt_pretrain_s{s}" / "spt_best.pt"))
+    shutil.copy(os.path.join(rescue.ROOT, "results", "rescue", "take_two.json"), results)
+    return json.loads((results / "take_two.json").read_text())
+
+
+def test_rescue_report_builds_the_tables_and_verdicts_from_the_records_alone(tmp_path):
+    take_two = fake_sweep(tmp_path / "results")
+    assert take_two["arms"]["scratch"]["test_acc"] == BASE          # the transcribed seeds
+    out = tmp_path / "no_runs_here"                                   # no run folder at all
+    text = rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'results'}"])
+    assert "| spt | 3 | 1.000 ± 0.000 | - / - |" in text and "| 0.663 ± 0.035 |" in text   # SPT at epoch 3
+    assert "0.660 ± 0.047 (2)" in text and "| 300 + 900 |" in text                        # 100 val images
+    assert "| mlp | 3 |" in text and "0.510 ± 0.050 (stuck)" in text
+    assert "| spt_pretrain_s1 | 1.200, 1.100, 1.000 | 1.000 (epoch 3) | - | 0.50 |" in text
+    assert "scratch: take two's three seeds, transcribed" in text
+    assert "SPT against from scratch, compute-matched: **SPT ahead, scratch learns too**" in text
+    assert "qk against spt and scratch: **recovers the gain**" in text           # all of it
+    assert "mlp against spt and scratch: **no gain**" in text and "spt: 3 of 3 seeds took off" in text
+    assert (out / "rescue.md").read_text() == text and (out / "rescue_curves.png").exists()
+    rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'results'}",
+                 f"--figures={tmp_path / 'new' / 'assets'}"])
     assert (tmp_path / "new" / "assets" / "rescue_curves.png").exists()     # the figures' folder is made
-    with pytest.raises(FileNotFoundError, match="no finished run under"):
-        rescue.main(["--action=report", f"--out={tmp_path / 'none'}"])
+    with pytest.raises(FileNotFoundError, match="no recorded arm run under"):
+        rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'none'}"])
 
 
-def test_rescue_status_tells_finished_running_stopped_and_waiting_runs(tmp_path):
+def test_rescue_keeps_a_finished_runs_record_whole_and_never_overwrites_one(tmp_path):
+    import json
+    run = tmp_path / "out" / "spt_pretrain_s0"
+    fake_record(run, spt=True)
+    for name in ("spt_best.pt", "spt_epoch1.pt", "spt_epoch5.pt", "ckpt.pt", "curves.png"):
+        (run / name).write_bytes(b"weights")
+    (tmp_path / "out" / "qk_s0").mkdir()                              # running: no summary, not recorded
+    cfg = dict(rescue.DEFAULTS, out=str(tmp_path / "out"), results=str(tmp_path / "results"), seeds="0")
+    assert rescue.record_finished(cfg) == [str(tmp_path / "results" / "spt_pretrain_s0")]
+    kept = {p.name for p in (tmp_path / "results" / "spt_pretrain_s0").iterdir()}
+    assert kept == {"summary.json", "log.jsonl", "config.json", "val.json", "spt_best.pt", "spt_epoch1.pt",
+                    "spt_epoch5.pt"}                                  # no resume point, no figure
+    assert json.loads((tmp_path / "results" / "spt_pretrain_s0" / "val.json").read_text()) == dict(n=100, share=0.5)
+    assert rescue.record_finished(cfg) == [] and rescue.recorded(cfg, "spt_pretrain", 0)
+    assert not (tmp_path / "results" / "qk_s0").exists()
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        rescue.keep_record(str(run), str(tmp_path / "results" / "spt_pretrain_s0"))
+
+
+def test_rescue_status_tells_recorded_running_stopped_and_waiting_runs(tmp_path):
     import json
     import subprocess
     import sys
-    fake_run(tmp_path / "spt_s0", 0.66, accs=(0.5, 0.7, 0.75), spt=True)
-    fake_run(tmp_path / "scratch_s0", 0.51)
-    for name in ("spt_s1", "scratch_s1"):                   # two runs part way: 3 SPT epochs done
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text((tmp_path / "spt_s0" / "config.json").read_text())
-        (tmp_path / name / "log.jsonl").write_text(json.dumps(dict(phase="spt", step=760, epoch=3, loss=1.0)) + "\n")
+    results, out = tmp_path / "results", tmp_path / "out"
+    fake_record(results / "spt_pretrain_s0", spt=True)
+    fake_record(results / "spt_s0", 0.66, accs=(0.5, 0.7, 0.75), init_from=str(results / "spt_pretrain_s0/spt_best.pt"))
+    for name in ("spt_pretrain_s1", "spt_pretrain_s2"):              # two runs part way: 3 SPT epochs done
+        (out / name).mkdir(parents=True)
+        (out / name / "config.json").write_text((results / "spt_s0" / "config.json").read_text())
+        (out / name / "log.jsonl").write_text(json.dumps(dict(phase="spt", step=760, epoch=3, loss=1.0)) + "\n")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / "scratch_s1" / "run.lock").write_text(dead.stdout)          # a pid that has ended
+    (out / "spt_pretrain_s2" / "run.lock").write_text(dead.stdout)          # a pid that has ended
     alive = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)", "train_spt.py",
-                              f"--out_dir={tmp_path / 'spt_s1'}"], stdout=subprocess.PIPE)
+                              f"--out_dir={out / 'spt_pretrain_s1'}"], stdout=subprocess.PIPE)
     try:
         alive.stdout.readline()                                 # started: its argv is in /proc
-        (tmp_path / "spt_s1" / "run.lock").write_text(str(alive.pid))
-        text = rescue.main(["--action=status", f"--out={tmp_path}"])
+        (out / "spt_pretrain_s1" / "run.lock").write_text(str(alive.pid))
+        text = rescue.main(["--action=status", f"--out={out}", f"--results={results}"])
     finally:
         alive.kill()
     lines = {line.split()[0]: line for line in text.splitlines()}
-    assert "finished: test acc 0.660, 1.00 h" in lines["spt_s0"]
-    assert "running: spt step 760, 3 of 27 epochs done" in lines["spt_s1"]
-    assert "stopped (resumes from ckpt.pt): spt step 760" in lines["scratch_s1"]
-    assert lines["spt_s2"].split()[1] == "waiting" and "gate: open, spt_s0 took off" in text
-    assert "core-hours used (finished runs, and the others to their last checkpoint): 2.0 of" in text
-    assert "left: 426 epochs, about 16 core-hours at 2.2 min an epoch" in text    # 18 runs x 27 - 54 - 2 x 3
+    assert "recorded: SPT val loss 1.000, 0.50 h" in lines["spt_pretrain_s0"]
+    assert "recorded: test acc 0.660, 1.00 h" in lines["spt_s0"]
+    assert "running: spt step 760, 3 of 11 epochs done" in lines["spt_pretrain_s1"]
+    assert "stopped (resumes from ckpt.pt): spt step 760" in lines["spt_pretrain_s2"]
+    assert lines["spt_s1"].split()[1] == "waiting" and "gate: open, spt_s0 took off" in text
+    assert "core-hours used (recorded runs, and the others to their last checkpoint): 1.5 of" in text
+    # left: 2 x 11 - 2 x 3 SPT epochs, 20 finetuning runs x 16, frozen 3 x 27, cross_pretrain 3 x 11
+    assert "left: 450 epochs" in text
 
 
 def test_rescue_budget_counts_the_hours_a_stopped_run_spent_before_its_stop(tmp_path, capsys):
     import torch
-    fake_run(tmp_path / "spt_s0", 0.66, accs=(0.5, 0.7, 0.75), spt=True)     # 1 h each
-    fake_run(tmp_path / "scratch_s0", 0.51)
-    (tmp_path / "spt_s1").mkdir()
-    torch.save(dict(model={}, wall_time=7200.0), tmp_path / "spt_s1" / "ckpt.pt")   # stopped after 2 h
-    (tmp_path / "scratch_s1").mkdir()
-    (tmp_path / "scratch_s1" / "ckpt.pt").write_bytes(b"PK\x03\x04 cut short")          # damaged: counts 0
-    assert rescue.core_hours(str(tmp_path / "spt_s1")) == 2.0
-    assert rescue.core_hours(str(tmp_path / "scratch_s1")) == 0.0
-    rescue.main(["--action=run", f"--out={tmp_path}", "--max_core_hours=3.5"])   # 4 h used: nothing starts
-    out = capsys.readouterr().out
-    assert "start:" not in out and "the budget of 3.5 core-hours is spent" in out
-    first = out.splitlines()[0]                        # the cost, said first: 16 runs x 27 epochs left
-    assert first.startswith("This sweep has 432 epochs left: about 0 core-hours") and "Shorter: --seeds=0" in first
+    results, out = tmp_path / "results", tmp_path / "out"
+    fake_record(results / "spt_pretrain_s0", spt=True)                       # 0.5 h
+    (out / "spt_pretrain_s1").mkdir(parents=True)
+    torch.save(dict(model={}, wall_time=7200.0), out / "spt_pretrain_s1" / "ckpt.pt")   # stopped after 2 h
+    (out / "spt_pretrain_s2").mkdir()
+    (out / "spt_pretrain_s2" / "ckpt.pt").write_bytes(b"PK\x03\x04 cut short")          # damaged: counts 0
+    cfg = dict(rescue.DEFAULTS, out=str(out), results=str(results))
+    assert rescue.core_hours(cfg, "spt_pretrain", 1) == 2.0 and rescue.core_hours(cfg, "spt_pretrain", 2) == 0.0
+    rescue.main(["--action=run", f"--out={out}", f"--results={results}", "--max_core_hours=2.5"])   # 2.5 h used
+    printed = capsys.readouterr().out
+    assert "start:" not in printed and "the budget of 2.5 core-hours is spent" in printed
+    first = printed.splitlines()[0]                 # the cost, said first: 483 epochs in all, 11 recorded
+    assert first.startswith("This sweep has 472 epochs left: about 0 core-hours") and "Shorter: --seeds=0" in first
+
+
+def test_rescue_holds_the_ablation_arms_when_the_first_spt_seed_stays_stuck(tmp_path, capsys):
+    results = tmp_path / "results"
+    for s in range(3):
+        fake_record(results / f"spt_pretrain_s{s}", spt=True)
+        fake_record(results / f"spt_s{s}", 0.517, init_from=str(results / f"spt_pretrain_s{s}/spt_best.pt"))
+    rescue.main(["--action=run", f"--out={tmp_path / 'out'}", f"--results={results}", "--arms=spt,qk"])
+    printed = capsys.readouterr().out
+    assert "start:" not in printed and "never took off" in printed and "3 runs not recorded" in printed
 
 
 @pytest.mark.slow
 def test_rescue_gpu_script_stops_at_its_limit_then_resumes_and_hands_back_its_files(tmp_path):
     """tools/lra_rescue_gpu.sh on the CPU with tiny runs: a first call cut at 12 s stops
     its runs with SIGTERM (each saves its resume point); the second finishes them and
-    leaves the table, the figures and runs.tar.gz in $OUT."""
+    leaves the table, the figures and the records in $OUT."""
     import os
     import shutil
     import subprocess
     repo = tmp_path / "repo"
     shutil.copytree(rescue.ROOT, repo, ignore=shutil.ignore_patterns("out*", "data", ".git", "__pycache__"))
     extra = (f"--n_generate=600 --data_dir={tmp_path / 'data'} --n_embd=16 --n_head=2 --batch_size=8 "
-             "--log_every=1 --pretrain_epochs=1 --epochs=1")
+             "--log_every=1")
     out = tmp_path / "back"
     out.mkdir()
-    env = dict(os.environ, EXTRA=extra, OUT=str(out))
+    env = dict(os.environ, EXTRA=extra, EXTRA_SPT="--pretrain_epochs=1", OUT=str(out), ARMS="spt,qk", SEEDS="0")
     call = lambda limit: subprocess.run(["bash", "tools/lra_rescue_gpu.sh", str(limit)], cwd=repo, env=env,
                                         capture_output=True, text=True, timeout=600).stdout
     assert "run this script again on this machine to resume" in call(12)
-    assert "terminated; the last good checkpoint" in (repo / "out/rescue_gpu/spt_s0.log").read_text()
-    second = call(300)
-    assert "done: out/rescue_gpu/spt_s0" in second and "spt_s0            finished" in second
-    assert {"rescue.md", "rescue_curves.png", "runs.tar.gz", "status.txt"} <= {p.name for p in out.iterdir()}
-
-
-def test_rescue_stops_at_seed_0_when_its_spt_run_stays_stuck(tmp_path, capsys):
-    fake_run(tmp_path / "spt_s0", 0.517, spt=True)          # finished at chance
-    fake_run(tmp_path / "scratch_s0", 0.517)
-    rescue.main(["--action=run", f"--out={tmp_path}"])
-    out = capsys.readouterr().out
-    assert "start:" not in out and "never took off" in out and "16 runs not finished" in out
+    assert "terminated; the last good checkpoint" in (repo / "out/rescue_gpu/spt_pretrain_s0.log").read_text()
+    second = call(400)
+    assert "done: out/rescue_gpu/spt_pretrain_s0" in second and "spt_pretrain_s0" in second
+    assert {"rescue.md", "rescue_curves.png", "records.tar.gz", "status.txt"} <= {p.name for p in out.iterdir()}
 
 
 @pytest.mark.slow
-def test_rescue_runs_small_then_reports_and_skips_finished_runs(tmp_path, capsys):
-    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 --batch_size=8 "
-            "--log_every=1 --dtype=float32")
-    args = ["--action=run", f"--out={tmp_path / 'out'}", "--seeds=0", f"--extra={tiny}"]
+def test_rescue_runs_small_records_each_run_then_reports_from_the_records(tmp_path, capsys):
+    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
+            "--batch_size=8 --log_every=1 --dtype=float32")          # finetuning: 16 epochs of 2 steps
+    args = ["--action=run", f"--out={tmp_path / 'out'}", f"--results={tmp_path / 'results'}", "--seeds=0",
+            "--arms=spt,short1", f"--extra={tiny}", "--extra_spt=--pretrain_epochs=2"]
     rescue.main(args)
-    out = capsys.readouterr().out
-    assert out.count("done: ") == 2 and "FAILED" not in out and "never took off" in out   # a tiny run is stuck
-    assert (tmp_path / "out" / "scratch_s0" / "command.txt").exists()
-    text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", "--seeds=0"])
+    printed = capsys.readouterr().out
+    assert printed.count("recorded: ") == 2 and "FAILED" not in printed and "never took off" in printed
+    kept = {p.name for p in (tmp_path / "results" / "spt_pretrain_s0").iterdir()}
+    assert {"spt_best.pt", "spt_epoch1.pt", "command.txt", "log.jsonl", "summary.json"} <= kept
+    import shutil
+    shutil.rmtree(tmp_path / "out")                                           # the runs' folders are gone
+    text = rescue.main(["--action=report", f"--out={tmp_path / 'report'}", f"--results={tmp_path / 'results'}",
+                        "--seeds=0"])
     assert "| spt | 1 |" in text and "spt: 0 of 1 seeds took off" in text
-    assert (tmp_path / "out" / "rescue_curves.png").exists() and (tmp_path / "out" / "rescue_attention_2d.png").exists()
+    assert (tmp_path / "report" / "rescue_attention_2d.png").exists()
     rescue.main(args)
     assert "start:" not in capsys.readouterr().out                        # nothing run again

@@ -176,6 +176,23 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
+def test_spt_alone_then_finetuning_from_its_checkpoint_logs_what_one_spt_run_logs(tmp_path):
+    """--epochs=0 stops after SPT; a run finetuning from its spt_best.pt (every weight)
+    logs the same finetuning steps as phase 2 of a run that does both: the split that lets
+    the PathFinder arms start from recorded checkpoints (tools/lra_rescue.py)."""
+    size = ["--n_train=320", "--n_eval=64", "--batch_size=32", "--seed=3"]
+    spt = [*size, "--pretrain_epochs=2", "--save_epochs=1"]
+    run(tmp_path / "both", *spt, "--epochs=2")
+    alone = run(tmp_path / "alone", *spt, "--epochs=0")
+    assert "test_acc" not in alone and alone["spt_best_epoch"] in (1, 2) and alone["steps"] == 0
+    assert (tmp_path / "alone" / "spt_epoch1.pt").exists() and "mass_w2_spt" in alone
+    run(tmp_path / "then", *size, "--epochs=2", f"--init_from={tmp_path / 'alone' / 'spt_best.pt'}")
+    phase = lambda d, name: [r for r in read_log(d) if r["phase"] == name]
+    assert phase(tmp_path / "both", "spt") == phase(tmp_path / "alone", "spt")
+    assert len(phase(tmp_path / "then", "finetune")) > 20
+    assert phase(tmp_path / "both", "finetune") == phase(tmp_path / "then", "finetune")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--task=synthetic", "--lrr=1"], "unknown key 'lrr'"),
     (["--task=synthetic", "--depth=one"], "--depth=one has the wrong type"),
@@ -183,6 +200,8 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
     (["--task=synthetic", "--init_params=attn,mpl"], "unknown parameter group 'mpl'"),
     (["--task=synthetic", "--spt_objective=denoise"], "--spt_objective=denoise is not one of"),
     (["--task=synthetic", "--mask_ratio=1.5"], "--mask_ratio=1.5 must be between 0 and 1"),
+    (["--task=synthetic", "--epochs=0", "--pretrain_epochs=0"], "--epochs=0 runs the SPT phase alone"),
+    (["--task=photos"], "--task=photos has no labels to finetune on"),
 ])
 def test_config_override_parsing_rejects_bad_keys(argv, message):
     with pytest.raises(ValueError, match=message):

@@ -1,37 +1,53 @@
-"""Does self-pretraining rescue a Transformer on LRA's PathFinder? The seed runs, their
-table, the verdict and the figures, at CPU scale (train_spt.py --preset=cpu_rescue: two
-layers, 8,000 training images, SPT 2,750 steps, finetuning 4,000).
+"""Does self-pretraining rescue a Transformer on LRA's PathFinder, and which weights carry
+the gain? The seed runs, their records, tables, verdicts and figures, at CPU scale
+(train_spt.py --preset=cpu_rescue: two layers, 8,000 training images, SPT 2,750 steps,
+finetuning 4,000).
 
-    python tools/lra_rescue.py run            # every arm, 3 seeds, two runs at a time
+    python tools/lra_rescue.py run            # the arms in --arms, 3 seeds, two runs at a time
     python tools/lra_rescue.py run --dry=True # the commands only
-    python tools/lra_rescue.py report         # table + verdict (rescue.md) and figures
-    python tools/lra_rescue.py status         # each run: finished, running, stopped or waiting
+    python tools/lra_rescue.py record         # copy finished runs' records into --results
+    python tools/lra_rescue.py report         # tables + verdicts (rescue.md) and figures, from the records
+    python tools/lra_rescue.py status         # each run: recorded, running, stopped or waiting
 
-A run of 27 epochs takes 1.6 h of one core on a recent Intel Xeon and 3.2 h on a Zen 5
-EPYC (two runs side by side). The first two arms on 3 seeds are 10-19 core-hours (5-10 h
-of two cores), the first three 14-29, and every arm 29-54, near or above the default cap
-of 30. The arms, in the order
-they run (the data are generated once; a seed changes the init, the masks and the batch
-order):
-    spt            (a) SPT, then finetuning (the preset)
-    scratch        (b) from scratch for SPT's steps + the finetuning steps (compute-matched)
-    learned        (c) as scratch, with learned positions (long-range-arena issue #60)
-    qk             (d) only W_Q, W_K from the seed's SPT checkpoint, then finetuning (A5 on LRA)
-    spt_torch      (e) as spt, and
-    scratch_torch      as scratch, with PyTorch's init: W_Q and W_K not tied at the start
-Seed 0's spt and scratch run first. If that SPT run never takes off (take_off_epoch), the
-sweep stops there: the rest would spend hours to repeat a null.
+Cost, measured: a step of the preset is 1.9-2.1 s on one core of a 2-core Zen 5 EPYC
+(two runs side by side; bf16 autocast is 4.8 times slower there), so an SPT run alone
+(11 epochs) takes about 1.6 h, a finetuning run (16 epochs) about 2.3 h and a from-scratch
+run (27 epochs) about 3.8 h. Every default arm on 3 seeds is about 45 core-hours.
+Shorter: --seeds=0, --arms=spt,qk, or --max_core_hours=N.
 
-Restartable: a run whose folder has summary.json is skipped, a stopped one resumes from
-its checkpoint (--init_from=resume). Each run writes its command into command.txt, its
-output into FOLDER.log. Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no
-run starts once the runs have used --max_core_hours (a stopped one counts to its checkpoint).
-The runs going when the cap is reached finish, so a sweep can pass it by up to --slots runs.
+An SPT run is split in two records: SPT alone (`spt_pretrain`, --epochs=0), then each arm
+finetunes from its checkpoints (`--init_from`), which logs the same steps as phase 2 of a
+single SPT run (tests/test_train_spt.py). The arms, in the default order (--arms):
+    spt       SPT, then finetuning from all of its weights (A9's arm (a))
+    qk        only W_Q, W_K from the seed's SPT checkpoint (A5)
+    mlp       only the MLP weights from it (A5's contrast)
+    short1    all weights after SPT's epoch 1 (A2: a short SPT)
+    short5    all weights after SPT's epoch 5
+    cross     SPT on photographs instead (data_lra.load_photos), then finetuning (A3)
+    frozen    from scratch, 27 epochs, attention frozen at its init (A4)
+    attn      all four attention matrices from SPT (A5)
+and, by name only: scratch (27 epochs, compute-matched: A9's arm (b)), learned (as scratch,
+learned positions), spt_torch and scratch_torch (PyTorch's init: W_Q, W_K not tied).
+The data are generated once; a seed changes the init, the masks and the batch order. The
+arms other than spt and scratch wait for the first seed's spt run: if it never takes off
+(take_off_epoch), they do not start.
+
+Records: when a run finishes, its summary.json, log.jsonl, command.txt, config.json,
+finetune_best.pt and, for an SPT run, spt_best.pt and spt_epoch<N>.pt are copied into
+--results/<run> (about 0.3 MB a checkpoint; 1.4 MB an SPT record): commit them in the
+session the run finishes, since run folders do not survive a move to another machine. A
+recorded run is never run again; other arms start from the recorded checkpoints; `report`
+reads the records alone. A run cut by a machine change starts again from its beginning.
+Restartable on one machine: a stopped run resumes from its ckpt.pt (--init_from=resume).
+Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no run starts once the runs
+have used --max_core_hours; the runs going then finish, so a sweep can pass it by up to
+--slots runs.
 """
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,15 +59,36 @@ sys.path.insert(0, ROOT)
 
 from configurator import configure, run_cli  # noqa: E402
 
-DEFAULTS = dict(action="report", out="out/rescue", slots=2, dry=False, extra="", seeds="0,1,2", figures="",
-                max_core_hours=30.0)
+DEFAULTS = dict(action="report", out="out/rescue", results="results/rescue", slots=2, dry=False, extra="", extra_spt="",
+                seeds="0,1,2", arms="spt,qk,mlp,short1,short5,cross,frozen,attn", figures="", max_core_hours=30.0)
 BASE = ["--task=pathfinder", "--preset=cpu_rescue"]
-ARMS = ("spt", "scratch", "learned", "qk", "spt_torch", "scratch_torch")
 CHANCE = 0.5
+
+# SPT alone (--epochs=0): the runs whose checkpoints the arms finetune from.
+SOURCES = {"spt_pretrain": [], "cross_pretrain": ["--pretrain_task=photos"], "torch_pretrain": ["--init=torch"]}
+# arm: (its start: (source, checkpoint, --init_params), or None for from scratch; more flags)
+SCRATCH = "scratch"
+ARMS = {
+    "spt": (("spt_pretrain", "spt_best.pt", "all"), []),
+    "scratch": (None, []),
+    "qk": (("spt_pretrain", "spt_best.pt", "qk"), []),
+    "mlp": (("spt_pretrain", "spt_best.pt", "mlp"), []),
+    "short1": (("spt_pretrain", "spt_epoch1.pt", "all"), []),
+    "short5": (("spt_pretrain", "spt_epoch5.pt", "all"), []),
+    "cross": (("cross_pretrain", "spt_best.pt", "all"), []),
+    "frozen": (None, ["--freeze=attn"]),
+    "attn": (("spt_pretrain", "spt_best.pt", "attn"), []),
+    "learned": (None, ["--pos_enc=learned"]),
+    "spt_torch": (("torch_pretrain", "spt_best.pt", "all"), ["--init=torch"]),
+    "scratch_torch": (None, ["--init=torch"]),
+}
+UNGATED = ("spt", "scratch")     # the arms that run before the first spt seed is judged
+KEPT = ("summary.json", "log.jsonl", "command.txt", "config.json", "val.json", "finetune_best.pt", "spt_best.pt")
 
 
 # -----------------------------------------------------------------------------
-# The rule, written down before the seed runs (REPORT.md, A9)
+# The rules, written down before the seed runs (REPORT.md, A9 and "Paper A's ablations
+# on PathFinder"), tested on made-up numbers in tests/test_tools.py
 
 def constant_loss(share):
     """The val loss of the best constant answer, the entropy of the class shares:
@@ -108,16 +145,59 @@ def verdict(spt, spt_off, base, base_off, min_gap=0.10):
     return "SPT ahead, scratch learns too" if any(base_off) else "rescued"
 
 
+def gain_verdict(arm, arm_off, spt, spt_off, base, most=0.8):
+    """How much of SPT's gain over from-scratch training an arm keeps (a hybrid start,
+    a short SPT, SPT on other images). arm, spt, base: test accuracies, one per seed;
+    arm_off, spt_off: did each seed take off? The gain is mean(spt) - mean(base), and it
+    must first be there: every spt seed above every base seed.
+        "no gain to recover": the spt and base ranges overlap;
+        "worse": every arm seed below every base seed;
+        "no gain": the arm's range overlaps the base's;
+        "recovers the gain": every arm seed above every base seed, its mean at least
+            `most` of the gain above base's, and as many of its seeds took off as spt's;
+        "part of the gain": every arm seed above every base seed, short of that."""
+    if min(len(arm), len(spt), len(base)) < 3:
+        return "too few seeds (3 per arm needed)"
+    if min(spt) <= max(base):
+        return "no gain to recover"
+    if max(arm) < min(base):
+        return "worse"
+    if min(arm) <= max(base):
+        return "no gain"
+    kept = (np.mean(arm) - np.mean(base)) / (np.mean(spt) - np.mean(base))
+    return "recovers the gain" if kept >= most and sum(arm_off) >= sum(spt_off) else "part of the gain"
+
+
+def frozen_verdict(frozen, base, little=0.05):
+    """Does freezing the attention at its init change from-scratch training (A4: little,
+    since supervision barely moves it)? frozen, base: test accuracies, one per seed.
+        "frozen worse" / "frozen better": the ranges apart;
+        "changes little": the ranges overlap and the means are under `little` apart;
+        "not separated": the ranges overlap, the means further apart."""
+    if len(frozen) < 3 or len(base) < 3:
+        return "too few seeds (3 per arm needed)"
+    if max(frozen) < min(base):
+        return "frozen worse"
+    if min(frozen) > max(base):
+        return "frozen better"
+    return "changes little" if abs(np.mean(frozen) - np.mean(base)) < little else "not separated"
+
+
 def standard_error(acc, n):
     """The binomial standard error of one run's accuracy on n images."""
     return math.sqrt(acc * (1 - acc) / n)
 
 
 # -----------------------------------------------------------------------------
-# The runs
+# The runs and their records
 
-def folder(out, arm, seed):
-    return os.path.join(out, f"{arm}_s{seed}")
+def folder(where, name, seed):
+    return os.path.join(where, f"{name}_s{seed}")
+
+
+def results_dir(cfg):
+    """--results, from the repository's root when relative (the records belong to it)."""
+    return cfg["results"] if os.path.isabs(cfg["results"]) else os.path.join(ROOT, cfg["results"])
 
 
 def preset_epochs():
@@ -132,33 +212,44 @@ def preset_total():
     return sum(preset_epochs())
 
 
-def arm_flags(arm, seed, out):
-    """The train_spt.py flags of one arm at one seed."""
+def run_flags(name, seed, records):
+    """The train_spt.py flags of one run (an arm's, or a source's) at one seed."""
     spt_epochs, epochs = preset_epochs()
-    scratch = ["--pretrain_epochs=0", f"--epochs={spt_epochs + epochs}"]
-    flags = {"spt": [],
-             "scratch": scratch,
-             "learned": scratch + ["--pos_enc=learned"],
-             "qk": [f"--init_from={folder(out, 'spt', seed)}/spt_best.pt", "--init_params=qk"],
-             "spt_torch": ["--init=torch"],
-             "scratch_torch": scratch + ["--init=torch"]}[arm]
+    if name in SOURCES:
+        flags = SOURCES[name] + ["--epochs=0"]
+    else:
+        start, more = ARMS[name]
+        flags = ([f"--init_from={folder(records, start[0], seed)}/{start[1]}", f"--init_params={start[2]}"]
+                 if start else ["--pretrain_epochs=0", f"--epochs={spt_epochs + epochs}"]) + more
     return BASE + flags + [f"--seed={seed}"]
 
 
+def arm_list(cfg):
+    arms = [a.strip() for a in cfg["arms"].split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms: unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    return arms
+
+
 def jobs(cfg):
-    """(folder, flags, needs) in the order they start; needs: folders that must be finished
-    first (seed 0's pair, for the gate; the seed's SPT run, for its checkpoint)."""
-    seeds, out = [int(s) for s in cfg["seeds"].split(",")], cfg["out"]
-    order = [(arm, s) for s in seeds for arm in ("spt", "scratch")]
-    order += [(arm, s) for arm in ARMS[2:] for s in seeds]
-    first = [folder(out, arm, s) for arm, s in order[:2]]
-    return [(folder(out, arm, s), arm_flags(arm, s, out),
-             (first if i >= 2 else []) + ([folder(out, "spt", s)] if arm == "qk" else []))
-            for i, (arm, s) in enumerate(order)]
+    """(name, seed, needs) in the order they start: each arm on every seed before the next
+    arm, the SPT-alone runs an arm starts from just before it. needs: (name, seed) runs
+    that must be recorded first (the source run; the first seed's spt run, for the gate)."""
+    seeds = [int(s) for s in cfg["seeds"].split(",")]
+    order, listed = [], set()
+    for arm in arm_list(cfg):
+        start = ARMS[arm][0]
+        if start and start[0] not in listed:
+            listed.add(start[0])
+            order += [(start[0], s, []) for s in seeds]
+        gate = [("spt", seeds[0])] if arm not in UNGATED and "spt" in arm_list(cfg) else []
+        order += [(arm, s, ([(start[0], s)] if start else []) + gate) for s in seeds]
+    return order
 
 
-def finished(d):
-    return os.path.exists(os.path.join(d, "summary.json"))
+def recorded(cfg, name, seed):
+    return os.path.exists(os.path.join(folder(results_dir(cfg), name, seed), "summary.json"))
 
 
 def read_summary(d):
@@ -166,44 +257,68 @@ def read_summary(d):
         return json.load(f)
 
 
-def finetune_evals(d):
-    """The finetuning phase's validation records of a run, in order."""
-    import training
-    return [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
-
-
 def val_split(d):
-    """(size, share of class 1) of the val split a run was scored on."""
+    """(size, share of class 1) of the val split a run was scored on: from its record's
+    val.json, else from the data its config names."""
+    if os.path.exists(os.path.join(d, "val.json")):
+        with open(os.path.join(d, "val.json")) as f:
+            v = json.load(f)
+        return v["n"], v["share"]
     import train_spt
     with open(os.path.join(d, "config.json")) as f:
         val = train_spt.load_data("pathfinder", "val", json.load(f))
     return len(val), float(np.mean([int(val[i][1]) for i in range(len(val))]))
 
 
-def first_spt(cfg):
-    """The folder of the first seed's SPT run, which the gate judges."""
-    return folder(cfg["out"], "spt", int(cfg["seeds"].split(",")[0]))
+def keep_record(run_dir, record_dir):
+    """Copy a finished run's record (KEPT, and spt_epoch<N>.pt) into record_dir, whole or
+    not at all: written beside it, then renamed. Returns record_dir."""
+    import runfiles
+    names = [f for f in KEPT if os.path.exists(os.path.join(run_dir, f))]
+    names += sorted(f for f in os.listdir(run_dir) if f.startswith("spt_epoch") and f.endswith(".pt"))
+    n, share = val_split(run_dir)
+    temp = record_dir + ".partial"
+    shutil.rmtree(temp, ignore_errors=True)
+    os.makedirs(temp)
+    for f in names:
+        shutil.copy2(os.path.join(run_dir, f), temp)
+    runfiles.write_json(os.path.join(temp, "val.json"), dict(n=n, share=share))
+    if os.path.exists(record_dir):
+        raise FileExistsError(f"{record_dir} exists: a record is never overwritten; remove it by hand to redo it")
+    os.replace(temp, record_dir)
+    return record_dir
+
+
+def record_finished(cfg):
+    """Record every finished run under --out that has no record yet; returns the new records."""
+    new = []
+    for name, seed, _ in jobs(cfg):
+        d = folder(cfg["out"], name, seed)
+        if os.path.exists(os.path.join(d, "summary.json")) and not recorded(cfg, name, seed):
+            new.append(keep_record(d, folder(results_dir(cfg), name, seed)))
+            print(f"recorded: {new[-1]} (commit it: git add {os.path.relpath(new[-1], ROOT)})", flush=True)
+    return new
 
 
 def gate(cfg):
-    """None while the sweep may go on; else why it stops: seed 0's SPT run finished
+    """None while the sweep may go on; else why it stops: the first seed's spt run finished
     without taking off."""
-    d = first_spt(cfg)
-    if not finished(d):
+    seed = int(cfg["seeds"].split(",")[0])
+    if "spt" not in arm_list(cfg) or not recorded(cfg, "spt", seed):
         return None
+    d = folder(results_dir(cfg), "spt", seed)
     n, share = val_split(d)
     if take_off_epoch(finetune_evals(d), share, n) is None:
-        return f"{d} never took off within its finetuning steps: the sweep stops at seed 0"
+        return f"{d} never took off within its finetuning steps: the ablation arms do not start"
     return None
 
 
-def core_hours(d):
-    """Hours of one core a run has used: a finished run's summary's wall time; an
-    unfinished one's up to its last checkpoint (0 without one). Both count the time before
-    a stop: a sweep that spans sessions spends its budget once."""
-    if finished(d):
-        return read_summary(d)["wall_time_s"] / 3600
-    path = os.path.join(d, "ckpt.pt")
+def core_hours(cfg, name, seed):
+    """Hours of one core a run has used: a recorded run's wall time; an unrecorded one's up
+    to its last checkpoint (0 without one). A sweep that spans sessions spends its budget once."""
+    if recorded(cfg, name, seed):
+        return read_summary(folder(results_dir(cfg), name, seed))["wall_time_s"] / 3600
+    path = os.path.join(folder(cfg["out"], name, seed), "ckpt.pt")
     if not os.path.exists(path):
         return 0.0
     import runfiles
@@ -213,56 +328,70 @@ def core_hours(d):
         return 0.0
 
 
-def command(d, flags, extra):
-    """The command that starts (or resumes) the run in folder d."""
+def more_flags(cfg, name):
+    """--extra (every run) and, for an SPT-alone run, --extra_spt (flags of the SPT phase,
+    which a finetuning run refuses)."""
+    return cfg["extra"].split() + (cfg["extra_spt"].split() if name in SOURCES else [])
+
+
+def command(cfg, name, seed):
+    """The command that starts (or resumes) one run."""
+    extra = more_flags(cfg, name)
+    d = folder(cfg["out"], name, seed)
     py = [sys.executable, os.path.join(ROOT, "train_spt.py")]
     if os.path.exists(os.path.join(d, "ckpt.pt")):
         return py + [f"--out_dir={d}", "--init_from=resume"]
-    return py + flags + extra + [f"--out_dir={d}", "--overwrite=True"]
+    return py + run_flags(name, seed, results_dir(cfg)) + extra + [f"--out_dir={d}", "--overwrite=True"]
 
 
 def run(cfg):
-    """Start every unfinished run when its needs are met, cfg["slots"] at a time, until
-    the gate closes or the core-hour budget is spent."""
-    extra = cfg["extra"].split()
+    """Start every unrecorded run when its needs are recorded, cfg["slots"] at a time, until
+    the gate closes or the core-hour budget is spent; record each run as it finishes."""
     if cfg["dry"]:
-        for d, flags, _ in jobs(cfg):
-            print(" ".join(["python", "train_spt.py"] + flags + extra + [f"--out_dir={d}"]))
+        for name, seed, _ in jobs(cfg):
+            flags = run_flags(name, seed, results_dir(cfg)) + more_flags(cfg, name)
+            print(" ".join(["python", "train_spt.py"] + flags + [f"--out_dir={folder(cfg['out'], name, seed)}"]))
         return
-    spent = {d: core_hours(d) for d, _, _ in jobs(cfg)}     # each run's hours; renewed when a run ends
+    record_finished(cfg)
+    spent = {(n, s): core_hours(cfg, n, s) for n, s, _ in jobs(cfg)}   # renewed when a run ends
     announce(cfg, sum(spent.values()))
-    going, failed, started = {}, set(), {}
-    first, stop, judged = first_spt(cfg), None, False
+    going, failed, started, stop = {}, set(), {}, gate(cfg)
     while True:
-        # a running run: its hours when it started, plus the time since (its checkpoint lags)
-        used = sum(h + (time.time() - started[d]) / 3600 if d in going else h for d, h in spent.items())
-        todo = [(d, f, n) for d, f, n in jobs(cfg) if not finished(d) and d not in going and d not in failed]
-        ready = [(d, f) for d, f, needs in todo if all(finished(n) for n in needs)]
-        if not judged:          # after `ready`: a run that needs seed 0's pair waits for this judgement
-            judged = finished(first)
-            stop = gate(cfg)    # read once seed 0's SPT run has finished, then kept
-        if stop or used >= cfg["max_core_hours"]:
+        for key, p in list(going.items()):                      # first the runs that have ended
+            if p.poll() is not None:
+                del going[key], started[key]
+                d = folder(cfg["out"], *key)
+                if os.path.exists(os.path.join(d, "summary.json")):
+                    record_finished(cfg)
+                    print(f"done: {d}", flush=True)
+                else:
+                    failed.add(key)
+                    print(f"FAILED: {d} (see {d}.log)", flush=True)
+                spent[key], stop = core_hours(cfg, *key), gate(cfg)    # judged again when a run ends
+        used = sum(h + (time.time() - started[k]) / 3600 if k in going else h for k, h in spent.items())
+        todo = [(n, s, needs) for n, s, needs in jobs(cfg)
+                if not recorded(cfg, n, s) and (n, s) not in going and (n, s) not in failed]
+        ready = [(n, s) for n, s, needs in todo if all(recorded(cfg, *k) for k in needs)]
+        if used >= cfg["max_core_hours"]:
             ready = []
-        for d, flags in ready[:max(0, cfg["slots"] - len(going))]:
+        if stop:
+            ready = [(n, s) for n, s in ready if n in UNGATED or n in SOURCES]
+        for name, seed in ready[:max(0, cfg["slots"] - len(going))]:
+            d = folder(cfg["out"], name, seed)
             os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
             print(f"start: {d}", flush=True)
             with open(d + ".log", "a") as log:
-                going[d] = subprocess.Popen(command(d, flags, extra), stdout=log, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-            started[d] = time.time()
-        for d, p in list(going.items()):
-            if p.poll() is not None:
-                del going[d], started[d]
-                spent[d] = core_hours(d)
-                print(("done: " if finished(d) else "FAILED: ") + f"{d} (see {d}.log)", flush=True)
-                failed |= set() if finished(d) else {d}
-        if not going and not ready:
+                going[name, seed] = subprocess.Popen(command(cfg, name, seed), stdout=log,
+                                                     stderr=subprocess.STDOUT, cwd=ROOT,
+                                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+            started[name, seed] = time.time()
+        if not going:
             break
         time.sleep(2)
-    left = [d for d, _, _ in jobs(cfg) if not finished(d)]
+    left = [(n, s) for n, s, _ in jobs(cfg) if not recorded(cfg, n, s)]
     print(stop or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
                         cfg["max_core_hours"] else ""))
-    print(f"{len(left)} runs not finished" if left else "every run finished")
+    print(f"{len(left)} runs not recorded" if left else "every run recorded")
 
 
 # -----------------------------------------------------------------------------
@@ -282,58 +411,64 @@ def live(d):
     return any(a.endswith("train_spt.py") for a in argv) and os.path.basename(d) in map(os.path.basename, out_dirs)
 
 
-def progress(d):
-    """(state, epochs done, epochs in all) of one run folder; epochs count SPT's too."""
+def run_epochs(name):
+    """Epochs of one run of the preset: SPT alone, finetuning, or from scratch."""
+    spt_epochs, epochs = preset_epochs()
+    return spt_epochs if name in SOURCES else epochs if ARMS[name][0] else spt_epochs + epochs
+
+
+def progress(cfg, name, seed):
+    """(state, epochs done) of one run; epochs count SPT's too."""
     import training
+    if recorded(cfg, name, seed):
+        return "recorded", run_epochs(name)
+    d = folder(cfg["out"], name, seed)
     if not os.path.exists(os.path.join(d, "config.json")):
-        return "waiting", 0, None
-    with open(os.path.join(d, "config.json")) as f:
-        c = json.load(f)
-    total = c["pretrain_epochs"] + c["epochs"]
-    if finished(d):
-        return "finished", total, total
+        return "waiting", 0
     records = training.read_log(d)
     if not records:
-        return ("running" if live(d) else "stopped") + ": no step logged yet", 0, total
-    last = records[-1]                       # "epoch": the epochs this phase has finished
-    done = last["epoch"] + (c["pretrain_epochs"] if last["phase"] == "finetune" else 0)
-    where = f"{last['phase']} step {last['step']}, {done} of {total} epochs done"
-    return ("running: " if live(d) else "stopped (resumes from ckpt.pt): ") + where, done, total
+        return ("running" if live(d) else "stopped") + ": no step logged yet", 0
+    last = records[-1]                       # "epoch": the epochs its one phase has finished
+    done = last["epoch"]
+    where = f"{last['phase']} step {last['step']}, {done} of {run_epochs(name)} epochs done"
+    return ("running: " if live(d) else "stopped (resumes from ckpt.pt): ") + where, done
 
 
-MIN_PER_EPOCH = 7.0   # one core, float32, two runs side by side on a 2-core Zen 5 EPYC (seed 0: 3.2 h / 27 epochs)
+MIN_PER_EPOCH = 8.5   # one core, float32, two runs side by side on a 2-core Zen 5 EPYC (2.05 s a step)
 
 
-def estimate(runs):
+def estimate(cfg, runs):
     """(epochs left, minutes an epoch, where that number comes from) of the whole sweep;
-    runs: [(folder, progress(folder))] of every job."""
+    runs: [((name, seed), progress)] of every job."""
     left, per_epoch = 0, []
-    for d, (state, done, total) in runs:
-        if state == "finished":
-            per_epoch.append(read_summary(d)["wall_time_s"] / 60 / total)
-        left += (total or preset_total()) - done
+    for (name, seed), (state, done) in runs:
+        if state == "recorded":
+            per_epoch.append(read_summary(folder(results_dir(cfg), name, seed))["wall_time_s"] / 60 / run_epochs(name))
+        left += run_epochs(name) - done
     if per_epoch:
-        return left, float(np.mean(per_epoch)), "the finished runs' mean"
+        return left, float(np.mean(per_epoch)), "the recorded runs' mean"
     return left, MIN_PER_EPOCH, "one CPU core's pace, on a Zen 5 EPYC; a GPU is faster"
 
 
 def status(cfg):
     """One line a run, then the core-hours used, an estimate of what is left, the gate."""
-    rows, runs = [], [(d, progress(d)) for d, _, _ in jobs(cfg)]
-    for d, (state, _, _) in runs:
-        if state == "finished":
-            summary = read_summary(d)
-            state += f": test acc {summary['test_acc']:.3f}, {summary['wall_time_s'] / 3600:.2f} h"
-        rows.append(f"{os.path.basename(d):<17} {state}")
-    used = sum(core_hours(d) for d, _, _ in jobs(cfg))
-    rows.append(f"core-hours used (finished runs, and the others to their last checkpoint): {used:.1f} of "
+    rows, runs = [], [((n, s), progress(cfg, n, s)) for n, s, _ in jobs(cfg)]
+    for (name, seed), (state, _) in runs:
+        if state == "recorded":
+            summary = read_summary(folder(results_dir(cfg), name, seed))
+            acc = f"test acc {summary['test_acc']:.3f}" if "test_acc" in summary else \
+                f"SPT val loss {summary['spt_best_val_loss']:.3f}"
+            state += f": {acc}, {summary['wall_time_s'] / 3600:.2f} h"
+        rows.append(f"{name}_s{seed:<14} {state}")
+    used = sum(core_hours(cfg, n, s) for n, s, _ in jobs(cfg))
+    rows.append(f"core-hours used (recorded runs, and the others to their last checkpoint): {used:.1f} of "
                 f"--max_core_hours={cfg['max_core_hours']:g}")
-    left, minutes, source = estimate(runs)
+    left, minutes, source = estimate(cfg, runs)
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
-    first = first_spt(cfg)
-    rows.append(gate(cfg) or (f"gate: open, {os.path.basename(first)} took off" if finished(first) else
-                              f"gate: waits for {os.path.basename(first)} to finish"))
+    first = f"spt_s{cfg['seeds'].split(',')[0]}"
+    rows.append(gate(cfg) or (f"gate: open, {first} took off" if recorded(cfg, "spt", int(first[5:])) else
+                              f"gate: waits for {first} to be recorded"))
     text = "\n".join(rows)
     print(text)
     return text
@@ -342,28 +477,41 @@ def status(cfg):
 def announce(cfg, used):
     """The sweep's cost, said before it starts anything, with the shorter ways; used: the
     core-hours its runs have spent so far."""
-    left, minutes, source = estimate([(d, progress(d)) for d, _, _ in jobs(cfg)])
+    left, minutes, source = estimate(cfg, [((n, s), progress(cfg, n, s)) for n, s, _ in jobs(cfg)])
     budget = cfg["max_core_hours"] - used
     hours = max(0.0, min(left * minutes / 60, budget))
     print(f"This sweep has {left} epochs left: about {hours:.0f} core-hours, {hours / cfg['slots']:.0f} h at "
           f"{cfg['slots']} runs at a time ({minutes:.1f} min an epoch, {source}; --max_core_hours="
-          f"{cfg['max_core_hours']:g} caps it). Shorter: --seeds=0 (seed 0's runs), --max_core_hours=N. It can "
+          f"{cfg['max_core_hours']:g} caps it). Shorter: --seeds=0, --arms=spt,qk, --max_core_hours=N. It can "
           f"be stopped at any time and run again: it resumes. Where it stands: python tools/lra_rescue.py status",
           flush=True)
 
 
 # -----------------------------------------------------------------------------
-# The table, the verdict and the figures
+# The tables, the verdicts and the figures, from the records alone
+
+def finetune_evals(d):
+    """The finetuning phase's validation records of a run, in order."""
+    import training
+    return [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
+
 
 def gather(cfg):
-    """{arm: [(seed, folder, summary)]} of the finished runs."""
-    seeds, out = [int(s) for s in cfg["seeds"].split(",")], cfg["out"]
-    runs = {}
-    for arm in ARMS:
-        for s in seeds:
-            if finished(folder(out, arm, s)):
-                runs.setdefault(arm, []).append((s, folder(out, arm, s), read_summary(folder(out, arm, s))))
-    return runs
+    """{arm: [(seed, record folder, summary)]} of the recorded arm runs, in ARMS order."""
+    seeds, where = [int(s) for s in cfg["seeds"].split(",")], results_dir(cfg)
+    return {arm: members for arm in ARMS
+            if (members := [(s, folder(where, arm, s), read_summary(folder(where, arm, s)))
+                            for s in seeds if recorded(cfg, arm, s)])}
+
+
+def take_two(cfg):
+    """A9's take-two seeds as transcribed into results/rescue/take_two.json (their run
+    folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}, or {}."""
+    path = os.path.join(results_dir(cfg), "take_two.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)["arms"]
 
 
 def train_spt_config(flags=()):
@@ -379,44 +527,95 @@ def take_offs(runs, n, share):
             for arm, members in runs.items()}
 
 
+def source_of(d):
+    """(the SPT record a finetuning run started from, the epoch of its checkpoint), or None."""
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    if not c["init_from"] or c["init_from"] == "resume":
+        return None
+    src, ckpt = os.path.split(c["init_from"])
+    if ckpt.startswith("spt_epoch"):
+        return src, int(ckpt[len("spt_epoch"):-len(".pt")])
+    return src, read_summary(src)["spt_best_epoch"] if os.path.exists(os.path.join(src, "summary.json")) else None
+
+
+def spt_at(d):
+    """(SPT steps, SPT val loss) behind a run: its own SPT phase, or its source's at the
+    epoch of the checkpoint it started from; (0, None) for a run from scratch."""
+    import training
+    src = source_of(d)
+    where, epoch = src if src else (d, None)
+    if not os.path.exists(os.path.join(where, "log.jsonl")):
+        return 0, None
+    vals = [r for r in training.read_log(where) if r.get("phase") == "spt" and "val_loss" in r]
+    if not vals:
+        return 0, None
+    r = next((v for v in vals if v["epoch"] == epoch), None) or min(vals, key=lambda v: v["val_loss"])
+    return r["step"], r["val_loss"]
+
+
+def ms(v):
+    """mean ± sd over seeds (n - 1), or '-'."""
+    return f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "-"
+
+
 def table(runs, offs, n):
-    """Markdown: one row per arm, mean +- std over seeds, each seed's test accuracy with
+    """Markdown: one row per arm, mean ± sd over seeds, each seed's test accuracy with
     its standard error and its take-off epoch, the steps and the wall time."""
     lines = ["| arm | seeds | SPT val loss | 3x3 attention mass, x uniform: after SPT / trained | final val loss | "
              "best val acc | test acc | each seed: test acc ± s.e. (take-off epoch) | steps SPT + labelled | "
              "wall h |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ms = lambda v: f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if v else "-"
     ratio = lambda s, stage: [m[f"mass2d_r1_{stage}"] / m["mass2d_r1_uniform"] for m in s
                               if m.get(f"mass2d_r1_{stage}") is not None and m.get("mass2d_r1_uniform")]
     for arm, members in runs.items():
         s = [m for _, _, m in members]
-        spt = [m["spt_best_val_loss"] for m in s if m.get("spt_best_val_loss") is not None]
+        spt = [spt_at(d) for _, d, _ in members]
         final = [finetune_evals(d)[-1]["val_loss"] for _, d, _ in members]
         seeds = ", ".join(f"{m['test_acc']:.3f} ± {standard_error(m['test_acc'], n):.3f} "
                           f"({'stuck' if e is None else e})" for m, e in zip(s, offs[arm]))
-        spt_steps = spt_step_count(members[0][1]) if spt else 0
-        lines.append(f"| {arm} | {len(s)} | {ms(spt)} | {ms(ratio(s, 'spt'))} / {ms(ratio(s, 'finetune'))} | "
-                     f"{ms(final)} | {ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | "
-                     f"{seeds} | {spt_steps:,} + {int(np.mean([m['steps'] for m in s])):,} | "
+        lines.append(f"| {arm} | {len(s)} | {ms([v for _, v in spt if v is not None])} | "
+                     f"{ms(ratio(s, 'spt'))} / {ms(ratio(s, 'finetune'))} | {ms(final)} | "
+                     f"{ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | {seeds} | "
+                     f"{int(np.mean([k for k, _ in spt])):,} + {int(np.mean([m['steps'] for m in s])):,} | "
                      f"{ms([m['wall_time_s'] / 3600 for m in s])} |")
     return "\n".join(lines)
 
 
-def spt_step_count(d):
-    """The SPT steps of a run, from its log."""
-    steps, _ = curve(d, "spt", "loss")
-    return int(steps.max()) if len(steps) else 0
+def source_table(cfg):
+    """Markdown: the SPT-alone records, one row a run: SPT val loss by epoch, 3x3 mass."""
+    import training
+    lines = ["| SPT run | SPT val loss by epoch | best | 3x3 mass after SPT, x uniform | wall h |", "|---|---|---|---|---|"]
+    for name in SOURCES:
+        for s in [int(x) for x in cfg["seeds"].split(",")]:
+            if not recorded(cfg, name, s):
+                continue
+            d, m = folder(results_dir(cfg), name, s), read_summary(folder(results_dir(cfg), name, s))
+            vals = [r["val_loss"] for r in training.read_log(d) if r.get("phase") == "spt" and "val_loss" in r]
+            mass = f"{m['mass2d_r1_spt'] / m['mass2d_r1_uniform']:.1f}" if m.get("mass2d_r1_uniform") else "-"
+            lines.append(f"| {name}_s{s} | {', '.join(f'{v:.3f}' for v in vals)} | {m['spt_best_val_loss']:.3f} "
+                         f"(epoch {m['spt_best_epoch']}) | {mass} | {m['wall_time_s'] / 3600:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def verdicts(runs, offs, n, share):
+def verdicts(cfg, runs, offs, n, share):
+    """The rules' verdicts, each from 3 seeds: spt against scratch, every other arm against
+    spt and scratch, frozen against scratch. scratch: its records, else take two's seeds."""
     acc = {arm: [m["test_acc"] for _, _, m in members] for arm, members in runs.items()}
     off = {arm: [e is not None for e in es] for arm, es in offs.items()}
+    lines, old = [], take_two(cfg)
+    if SCRATCH not in acc and SCRATCH in old:
+        acc[SCRATCH], off[SCRATCH] = old[SCRATCH]["test_acc"], [e is not None for e in old[SCRATCH]["take_off"]]
+        lines.append("scratch: take two's three seeds, transcribed (results/rescue/take_two.json)")
     pairs = [("spt", "scratch", "SPT against from scratch, compute-matched"),
              ("learned", "scratch", "from scratch: learned positions against sinusoidal"),
-             ("qk", "scratch", "W_Q, W_K from SPT against from scratch"),
              ("spt_torch", "scratch_torch", "SPT against from scratch, both with PyTorch's init (W_Q, W_K untied)")]
-    lines = [f"{label}: **{verdict(acc[a], off[a], acc[b], off[b])}**" for a, b, label in pairs
-             if a in acc and b in acc]
+    lines += [f"{label}: **{verdict(acc[a], off[a], acc[b], off[b])}**" for a, b, label in pairs
+              if a in acc and b in acc]
+    for arm in ("qk", "mlp", "attn", "short1", "short5", "cross"):
+        if arm in acc and "spt" in acc and SCRATCH in acc:
+            lines.append(f"{arm} against spt and scratch: **{gain_verdict(acc[arm], off[arm], acc['spt'], off['spt'], acc[SCRATCH])}**")
+    if "frozen" in acc and SCRATCH in acc:
+        lines.append(f"frozen attention against scratch: **{frozen_verdict(acc['frozen'], acc[SCRATCH])}**")
     band = max(share, 1 - share) + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
     lines.append(f"take-off: two val evaluations in a row with val loss below {constant_loss(share):.4f} (the "
                  f"best constant answer) by 2 s.e., or val acc above {band:.3f}")
@@ -428,18 +627,22 @@ def verdicts(runs, offs, n, share):
 def report(cfg):
     runs = gather(cfg)
     if not runs:
-        raise FileNotFoundError(f"no finished run under {cfg['out']}; start them with: python tools/lra_rescue.py run")
+        raise FileNotFoundError(f"no recorded arm run under {results_dir(cfg)}; start them with: "
+                                f"python tools/lra_rescue.py run")
     n, share = val_split(next(d for members in runs.values() for _, d, _ in members))
     offs = take_offs(runs, n, share)
-    text = f"{table(runs, offs, n)}\n\n{verdicts(runs, offs, n, share)}\n"
+    text = f"{table(runs, offs, n)}\n\n{source_table(cfg)}\n\n{verdicts(cfg, runs, offs, n, share)}\n"
     print(text)
+    os.makedirs(cfg["out"], exist_ok=True)
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
         f.write(text)
     where = cfg["figures"] or cfg["out"]
     os.makedirs(where, exist_ok=True)
     plot_curves(runs, constant_loss(share), os.path.join(where, "rescue_curves.png"))
-    if "spt" in runs and "scratch" in runs and os.path.exists(os.path.join(runs["spt"][0][1], "spt_best.pt")):
-        plot_maps(runs, os.path.join(where, "rescue_attention_2d.png"))
+    first = [(arm, members[0][1]) for arm, members in runs.items()
+             if os.path.exists(os.path.join(members[0][1], "finetune_best.pt"))]
+    if first:
+        plot_maps(first, os.path.join(where, "rescue_attention_2d.png"))
     return text
 
 
@@ -457,25 +660,29 @@ def smooth(x, y, k=10):
     return x[k - 1:], np.convolve(y, np.ones(k) / k, mode="valid")
 
 
+COLOURS = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan",
+                          "tab:gray", "tab:purple", "tab:green", "darkred", "navy")))
+
+
 def plot_curves(runs, floor, path):
-    """Left: SPT loss of every SPT seed (train, smoothed; val, dots). Middle: val loss
-    against labelled step, every arm and seed, with the best constant answer's loss.
-    Third: val accuracy against labelled step. Right: val accuracy against all steps, SPT's
-    included, so that the arms line up at equal compute. One colour an arm, one line a seed."""
+    """Left: SPT loss behind every arm's first seed (train, smoothed; val, dots). Middle:
+    val loss against labelled step, every arm and seed, with the best constant answer's
+    loss. Third: val accuracy against labelled step. Right: val accuracy against all steps,
+    SPT's included, so that the arms line up at equal compute. One colour an arm, one line a seed."""
     import analysis
     plt, (fig, (ax_spt, ax_loss, ax_acc, ax_all)) = analysis.plt_figure(1, 4, figsize=(21, 4.2))
-    colours = dict(zip(ARMS, ("tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:gray")))
     for arm, members in runs.items():
-        c = colours[arm]
+        c = COLOURS[arm]
         for i, (s, d, _) in enumerate(members):
             label = arm if i == 0 else None
-            if arm.startswith("spt"):
-                ax_spt.plot(*smooth(*curve(d, "spt", "loss")), color=c, lw=0.8, alpha=0.6)
-                ax_spt.plot(*curve(d, "spt", "val_loss"), "o", color=c, markersize=3, label=label)
+            src = source_of(d)
+            if src and i == 0:
+                ax_spt.plot(*smooth(*curve(src[0], "spt", "loss")), color=c, lw=0.8, alpha=0.6)
+                ax_spt.plot(*curve(src[0], "spt", "val_loss"), "o", color=c, markersize=3, label=label)
             ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", color=c, markersize=3, lw=0.8, label=label)
             steps, acc = curve(d, "finetune", "val_acc")
             ax_acc.plot(steps, acc, "o-", color=c, markersize=3, lw=0.8, label=label)
-            ax_all.plot(steps + spt_step_count(d), acc, "o-", color=c, markersize=3, lw=0.8, label=label)
+            ax_all.plot(steps + spt_at(d)[0], acc, "o-", color=c, markersize=3, lw=0.8, label=label)
     for a in (ax_acc, ax_all):
         a.axhline(CHANCE, color="k", lw=0.6, ls=":")
     ax_loss.axhline(floor, color="k", lw=0.6, ls=":")
@@ -490,22 +697,23 @@ def plot_curves(runs, floor, path):
     analysis.save_figure(plt, fig, path, 90)
 
 
-def plot_maps(runs, path):
-    """One val image's layer-0 attention, head-averaged, at init, after SPT and after
-    finetuning (the first SPT seed), beside the scratch run of that seed after training
-    (both start from the same init: build_model seeds with --seed)."""
+def plot_maps(first, path):
+    """One val image's layer-0 attention, head-averaged: at init, after SPT (where the
+    first arm started from an SPT checkpoint), and each arm's first seed after training.
+    first: [(arm, record folder)]."""
     import torch
     import analysis
     import train_spt
     from training import load_weights
-    spt_dir, scratch_dir = runs["spt"][0][1], runs["scratch"][0][1]
-    with open(os.path.join(spt_dir, "config.json")) as f:
+    with open(os.path.join(first[0][1], "config.json")) as f:
         cfg = json.load(f)                                    # the run's own flags: its shape and data
     val = train_spt.load_data("pathfinder", "val", cfg)
     image, maps = val[0][0], {}
-    for stage, ckpt in (("init", None), ("after SPT", os.path.join(spt_dir, "spt_best.pt")),
-                        ("SPT, finetuned", os.path.join(spt_dir, "finetune_best.pt")),
-                        ("scratch, trained", os.path.join(scratch_dir, "finetune_best.pt"))):
+    stages = [("init", None)] + [(f"{arm}, trained", os.path.join(d, "finetune_best.pt")) for arm, d in first]
+    src = next((source_of(d) for _, d in first if source_of(d)), None)
+    if src:
+        stages.insert(1, ("after SPT", os.path.join(src[0], "spt_best.pt")))
+    for stage, ckpt in stages:
         model = train_spt.build_model(cfg, [val])
         if ckpt:
             load_weights(model, ckpt)
@@ -517,13 +725,14 @@ def plot_maps(runs, path):
 
 def main(argv=None):
     cfg = configure(DEFAULTS, sys.argv[1:] if argv is None else argv, __doc__)
-    if cfg["action"] not in ("run", "report", "status"):
-        raise ValueError(f"--action={cfg['action']}: choose run, report or status")
+    if cfg["action"] not in ("run", "record", "report", "status"):
+        raise ValueError(f"--action={cfg['action']}: choose run, record, report or status")
     if cfg["slots"] < 1:
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
         raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
-    return {"run": run, "report": report, "status": status}[cfg["action"]](cfg)
+    arm_list(cfg)
+    return {"run": run, "record": record_finished, "report": report, "status": status}[cfg["action"]](cfg)
 
 
 if __name__ == "__main__":
