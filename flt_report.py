@@ -30,7 +30,8 @@ The figures and the table:
   flt_map_<recipe>.png     the stability map: final val loss over K x lr multiplier, collapses marked
   compare.md               the tables: one row per finished run; then per (recipe, variant, K, lr),
                            over seeds: the mean and spread (with grad volatility, grad dlog ac1
-                           and grad zigzag side by side), the gap to FLT paired by seed,
+                           and grad zigzag side by side), the gap to FLT paired by seed, the
+                           separation rule against FLT (separation_verdict),
                            the residual norm over training,
                            the gradient reaching each loop, and the test-time loop curve
 
@@ -140,6 +141,32 @@ def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
     return "none", "like the reference"
 
 
+SEVERITY = {"none": 0, "lagging": 1, "collapsed": 2, "nan": 3}   # "undetermined" judges nothing
+
+
+def separation_verdict(a, b, a_name="A", b_name="B"):
+    """Are two variants apart on the same seeds (B4-B6: FLT_res, LT_i, LT_ia against
+    FLT)? a, b: {seed: (final val loss, collapse verdict)}, the verdict from
+    collapse_verdict (which reads the whole val curve against the seed's reference).
+      "<B> beats <A>": on every shared seed (3 at least) B's final val loss is below A's
+                       by more than the seed-to-seed spread (the larger sample sd of the
+                       two variants' final losses over those seeds), and B's collapse
+                       verdict is no worse than A's (none < lagging < collapsed < nan);
+      "<A> beats <B>": the same the other way round;
+      "not separated": otherwise, a gap inside the spread included."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 3:
+        return f"too few seeds ({len(seeds)} shared; 3 needed)"
+    fa, fb = np.array([a[s][0] for s in seeds]), np.array([b[s][0] for s in seeds])
+    spread = max(np.std(fa, ddof=1), np.std(fb, ddof=1))
+    no_worse = lambda x, y: all(SEVERITY.get(x[s][1], 9) <= SEVERITY.get(y[s][1], 9) for s in seeds)
+    if np.all(np.isfinite(fb)) and np.all(fa - fb > spread) and no_worse(b, a):
+        return f"{b_name} beats {a_name}"
+    if np.all(np.isfinite(fa)) and np.all(fb - fa > spread) and no_worse(a, b):
+        return f"{a_name} beats {b_name}"
+    return "not separated"
+
+
 def val_curve(records):
     """{step: val loss} from a run's log records."""
     return {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
@@ -200,7 +227,7 @@ def collapse_fields(reference, val, final_loss, h_unigram):
     or lost what it learned), lagging (behind at the end; still improving or stalled),
     or none; collapse_kept = (H_unigram - final val loss) / (H_unigram - the reference's
     final val loss)."""
-    ref_curve = val_curve(read_log(reference))
+    ref_curve = val_curve(read_run_log(reference))
     ref_final = ref_curve[max(ref_curve)]
     verdict, why = judge_curves(val, ref_curve, final_loss, h_unigram)
     kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
@@ -267,8 +294,8 @@ def plot_runs(dirs, out_dir, quiet=False):
         draw_stability_map(plt, [r for r in runs if r.cfg["optim"] == optim and r.summary],
                            optim, variants, Ks, out_dir)
     rows = compare_table(runs)
-    tables = [rows, seed_table(runs), paired_table(runs), residual_table(runs), grad_flow_table(runs),
-              grad_flow_table(runs, "attn")] + [
+    tables = [rows, seed_table(runs), paired_table(runs), separation_table(runs), residual_table(runs),
+              grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
         test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
                                                              ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
     runfiles.write_file(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
@@ -278,10 +305,21 @@ def plot_runs(dirs, out_dir, quiet=False):
     return rows
 
 
+def read_run_log(d):
+    """A run's log records: log.jsonl, or log.jsonl.gz in a run's record (results/)."""
+    gz = os.path.join(d, "log.jsonl.gz")
+    if not os.path.exists(os.path.join(d, "log.jsonl")) and os.path.exists(gz):
+        import gzip
+        with gzip.open(gz, "rt") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return read_log(d)
+
+
 def load_run(d):
-    """A run folder's config, log records and summary ({} if the run has not finished)."""
+    """A run folder's (or a run record's) config, log records and summary ({} if the
+    run has not finished)."""
     for name in ("config.json", "log.jsonl"):
-        if not os.path.exists(os.path.join(d, name)):
+        if not os.path.exists(os.path.join(d, name)) and not os.path.exists(os.path.join(d, name + ".gz")):
             raise FileNotFoundError(f"--compare: {os.path.join(d, name)} is missing (is {d} a run folder?)")
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
@@ -293,7 +331,7 @@ def load_run(d):
                          f"config has no optim); train it again to compare it")
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in read_log(d)],
+    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in read_run_log(d)],
                            summary=as_numbers(summary))
 
 
@@ -313,10 +351,12 @@ def rejudge(r):
     file's rule, whatever summary.json holds; unchanged when the run has no
     reference or its folder is gone."""
     ref_dir = r.summary.get("reference")
-    if not ref_dir or not os.path.exists(os.path.join(ref_dir, "log.jsonl")):
+    if ref_dir and not os.path.exists(ref_dir):            # a record: its reference's record lies beside it
+        ref_dir = os.path.join(os.path.dirname(os.path.abspath(r.dir)), os.path.basename(ref_dir.rstrip("/")))
+    if not ref_dir or not os.path.exists(os.path.join(ref_dir, "config.json")):
         return r
     r.summary["collapse"], r.summary["collapse_reason"] = judge_curves(
-        val_curve(r.log), val_curve(read_log(ref_dir)), r.summary["final_val_loss"],
+        val_curve(r.log), val_curve(read_run_log(ref_dir)), r.summary["final_val_loss"],
         r.summary["unigram_entropy"])
     return r
 
@@ -514,6 +554,27 @@ def paired_table(runs, against="FLT"):
         if variant != against and pairs:
             rows.append(f"| {os.path.basename(str(data))} | {optim} | {variant} | {K} | {lrm} "
                         f"| {', '.join(str(p[0]) for p in pairs)} | {spread([p[1] for p in pairs])} |")
+    return rows
+
+
+def separation_table(runs, against="FLT", others=("FLT_res", "LT_ia", "LT_i", "LT")):
+    """A markdown row per (data, recipe, K, lr) and variant in `others` that has runs of
+    `against` on the same seeds: separation_verdict on their final val losses and
+    collapse verdicts (B4: FLT_res, B5: LT_ia, B6: LT_i and LT_ia, against FLT)."""
+    cells = by_cell(runs)
+    seed_of = lambda cell: {r.cfg.get("seed"): (r.summary["final_val_loss"], r.summary.get("collapse", "nan"))
+                            for r in cell}
+    rows = [f"| data | recipe | K | lr x | variant | seeds | final val loss | {against}'s | the rule |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for (data, optim, variant, K, lrm), cell in cells.items():
+        base = cells.get((data, optim, against, K, lrm))
+        if variant not in others or not base:
+            continue
+        a, b = seed_of(base), seed_of(cell)
+        seeds = sorted(set(a) & set(b))
+        rows.append(f"| {os.path.basename(str(data))} | {optim} | {K} | {lrm} | {variant} "
+                    f"| {', '.join(map(str, seeds))} | {spread([b[x][0] for x in seeds])} "
+                    f"| {spread([a[x][0] for x in seeds])} | {separation_verdict(a, b, against, variant)} |")
     return rows
 
 

@@ -311,6 +311,24 @@ def test_collapse_rule_on_made_up_curves():
         verdict([2.9, 2.4], REFERENCE, H)
 
 
+def test_separation_rule_on_made_up_curves_of_three_seeds():
+    """B beats A only when B's final val loss is below A's on every seed by more than the
+    seed-to-seed spread, and B's collapse verdict (the whole curve) is no worse."""
+    def variant(*finals, shape=(2.95, 2.45, 2.20, 2.05, 1.95)):          # a curve per seed ending at `final`
+        curves = {seed: [*shape, f] for seed, f in zip((1, 2, 3), finals)}
+        return {seed: (c[-1], flt_report.collapse_verdict(c, REFERENCE, H)[0]) for seed, c in curves.items()}
+    flt = variant(1.86, 1.87, 1.85)                                      # sd 0.010
+    rule = lambda a, b: flt_report.separation_verdict(a, b, "FLT", "LT_ia")
+    assert rule(flt, variant(1.95, 1.97, 1.94)) == "FLT beats LT_ia"    # 0.09 behind on each seed, sd 0.015
+    assert rule(variant(1.95, 1.97, 1.94), flt) == "LT_ia beats FLT"
+    assert rule(flt, variant(1.87, 1.86, 1.86)) == "not separated"      # within 0.01: inside the spread
+    assert rule(flt, variant(1.95, 1.87, 1.94)) == "not separated"      # seed 2 is level
+    assert rule(flt, variant(1.90, 1.98, 2.10)) == "not separated"      # apart on each seed, but sd 0.10 > gap 0.04
+    collapsed = {1: (1.80, "collapsed"), 2: (1.81, "none"), 3: (1.79, "none")}   # lower, but seed 1 collapsed
+    assert rule(flt, collapsed) == "not separated"
+    assert rule(flt, {1: flt[1], 2: flt[2]}) == "too few seeds (2 shared; 3 needed)"
+
+
 def test_collapse_rule_calls_the_reported_slow_learner_lagging_not_collapsed():
     """A run whose val loss fell 2.817 -> 2.576 -> 2.397 at steps 100 / 200 / 250 while
     the 1-loop reference reached 1.86: the final-loss rule called it a partial collapse;
@@ -334,6 +352,18 @@ def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
     json.dump({**s, "collapse": "partial", "collapse_reason": "not the rule's"}, open(path, "w"))
     again = flt_report.rejudge(flt_report.load_run(os.path.join(tmp_path, "k2"))).summary
     assert (again["collapse"], again["collapse_reason"]) == (s["collapse"], s["collapse_reason"])
+    # ... and so it does from records (tools/flt_map.sh): the log gzipped, the reference's record beside it
+    import gzip
+    import shutil
+    for name in ("k2", "ref"):
+        shutil.copytree(tmp_path / name, tmp_path / "records" / name)
+    log = tmp_path / "records" / "k2" / "log.jsonl"
+    log.with_suffix(".jsonl.gz").write_bytes(gzip.compress(log.read_bytes()))
+    log.unlink()
+    shutil.rmtree(tmp_path / "ref")                                  # the reference's run folder is gone
+    record = flt_report.rejudge(flt_report.load_run(str(tmp_path / "records" / "k2")))
+    assert (record.summary["collapse"], record.summary["collapse_reason"]) == (s["collapse"], s["collapse_reason"])
+    assert len(record.log) == len(flt_report.read_run_log(str(tmp_path / "k2")))
 
 
 def made_up_gradient_norms(kind, n=200, seed=0):
@@ -478,3 +508,35 @@ def test_verdict_line_says_learned_plateau_or_nan_from_made_up_summaries():
     assert line.startswith("LT, 12 loops: final val loss 3.326") and "did not learn" in line and "peak 123" in line
     assert "it learned" in flt_report.verdict_line(dict(base, diverged_reason=None, final_val_loss=2.2))
     assert "NaN at step 7" in flt_report.verdict_line(dict(base, diverged_reason="nan", nan_step=7))
+
+
+@pytest.mark.slow
+def test_window_sweep_records_each_run_and_compare_reads_the_records_alone(tmp_path, text_file):
+    """tools/flt_map.sh window at a tiny size, one seed: each finished run's record lands
+    in RESULTS (logs gzipped over GZIP_OVER bytes), a second call runs nothing, and
+    --compare on the records alone (no run folder) rejudges each run against its
+    reference's record and tables the separation rule."""
+    import shutil
+    tiny = (f"--data={text_file} --n_layer=1 --n_embd=16 --n_head=2 --block_size=16 --batch_size=4 "
+            "--max_steps=6 --eval_interval=3 --eval_batches=1 --test_loops=2 --osc_steps=4")
+    env = dict(os.environ, SEEDS="1", OUT=str(tmp_path / "out"), RESULTS=str(tmp_path / "results"), EXTRA=tiny,
+               GZIP_OVER="2000")
+    call = lambda: subprocess.run(["bash", "tools/flt_map.sh", "window"], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=600)
+    first = call()
+    assert first.returncode == 0 and first.stdout.count("recorded: ") == 6 and "failed" not in first.stdout, first
+    records = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert records == sorted(f"w_{v}_K12_s1" for v in ("ref", "FLT", "LT_ia", "LT_i", "FLT_res", "LT")) \
+        or records == sorted(["w_ref_K1_s1"] + [f"w_{v}_K12_s1" for v in ("FLT", "LT_ia", "LT_i", "FLT_res", "LT")])
+    flt = tmp_path / "results" / "w_FLT_K12_s1"
+    assert (flt / "log.jsonl.gz").exists() and not (flt / "log.jsonl").exists()
+    assert {"summary.json", "config.json", "command.txt"} <= {p.name for p in flt.iterdir()}
+    assert "recorded: " not in call().stdout                                # nothing runs again
+    shutil.rmtree(tmp_path / "out")                                         # the run folders are gone
+    dirs = [str(p) for p in sorted((tmp_path / "results").iterdir())]
+    rows = flt_report.compare(dirs, str(tmp_path / "figures"))
+    table = (tmp_path / "figures" / "compare.md").read_text()
+    assert "| the rule |" in table and "too few seeds (1 shared; 3 needed)" in table
+    assert len(rows) > 2 and (tmp_path / "figures" / "flt_loss.png").exists()
+    judged = flt_report.rejudge(flt_report.load_run(str(flt))).summary
+    assert judged["collapse"] in ("none", "lagging", "collapsed", "undetermined")

@@ -8,10 +8,20 @@
 #   bash tools/flt_map.sh listops   # the test-time loop curve on ListOps: 2 layers, 2,000 steps;
 #                                   # the 1-loop reference and FLT at K = 6, 12
 #   bash tools/flt_map.sh listops_baselines   # LT and LT_i at K = 6, 12 on ListOps
+#   bash tools/flt_map.sh window    # the map's model at the authors' diagnostic length, 2,000 steps:
+#                                   # the 1-loop reference, then FLT, LT_ia, LT_i, FLT_res, LT at K=12
+#   bash tools/flt_map.sh ladder    # 2,000 steps: LT_i, LT_ia and FLT at K = 16, then 24
 #
 # Environment: SEEDS (default "1 2 3"), OUT (default out/map: one folder per run), CODE
-# (default this checkout: the folder whose train_flt.py runs, e.g. a frozen copy).
+# (default this checkout: the folder whose train_flt.py runs, e.g. a frozen copy), RESULTS
+# (window and ladder: results/flt_window; empty: none): where each finished run's record
+# goes (summary.json, config.json, command.txt, log.jsonl, gzipped over 1 MB), to commit;
+# a recorded run is not run again, and a recorded reference is read from its record.
+# EXTRA: more flags for every run (a smoke test's tiny size); GZIP_OVER: bytes (1 MB).
+# A 2,000-step run at K=12 takes about half an hour of one core; two seeds can run at
+# once: SEEDS=1 bash tools/flt_map.sh window & SEEDS=2 bash tools/flt_map.sh window.
 # Afterwards: python train_flt.py --compare=$(ls -d out/map/*/ | paste -sd,) --out_dir=out/map_figures
+# or, from the records: python train_flt.py --compare=$(ls -d results/flt_window/*/ | paste -sd,) --out_dir=...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CODE=${CODE:-.}
@@ -19,25 +29,44 @@ OUT=${OUT:-out/map}
 SEEDS=${SEEDS:-"1 2 3"}
 export OMP_NUM_THREADS=1
 
-run() {   # run DIR FLAG...: skip it if finished, resume it if cut, else start it
+recorded() { [ -n "${RESULTS:-}" ] && [ -f "$RESULTS/$(basename "$1")/summary.json" ]; }
+
+record() {   # record DIR: its record under $RESULTS, whole or not at all
+  local dest=$RESULTS/$(basename "$1")
+  rm -rf "$dest.partial" && mkdir -p "$dest.partial"
+  cp "$1/summary.json" "$1/config.json" "$1/command.txt" "$dest.partial/"
+  if [ "$(stat -c %s "$1/log.jsonl")" -gt "${GZIP_OVER:-1000000}" ]; then gzip -c "$1/log.jsonl" > "$dest.partial/log.jsonl.gz"
+  else cp "$1/log.jsonl" "$dest.partial/"; fi
+  mv "$dest.partial" "$dest" && echo "  recorded: $dest (commit it)"
+}
+
+run() {   # run DIR FLAG...: skip it if finished or recorded, resume it if cut, else start it
   local dir=$1; shift
-  if [ -f "$dir/summary.json" ]; then return 0; fi
-  local how="--overwrite=True"
-  if [ -f "$dir/ckpt.pt" ]; then how="--init_from=resume"; fi
-  echo "$(date +%H:%M:%S) python train_flt.py $* --out_dir=$dir $how"
-  python "$CODE/train_flt.py" "$@" --out_dir="$dir" "$how" > "$dir.out" 2>&1 || echo "  failed: see $dir.out"
+  if recorded "$dir"; then return 0; fi
+  if [ ! -f "$dir/summary.json" ]; then
+    local how="--overwrite=True"
+    if [ -f "$dir/ckpt.pt" ]; then how="--init_from=resume"; fi
+    echo "$(date +%H:%M:%S) python train_flt.py $* --out_dir=$dir $how"
+    python "$CODE/train_flt.py" "$@" --out_dir="$dir" "$how" > "$dir.out" 2>&1 || { echo "  failed: see $dir.out"; return 0; }
+  fi
+  if [ -n "${RESULTS:-}" ]; then record "$dir"; fi
+}
+
+where() {   # where DIR: a run's record if it has one, else its folder (for --reference)
+  if recorded "$1"; then echo "$RESULTS/$(basename "$1")"; else echo "$1"; fi
 }
 
 MAP="--n_layer=6 --n_embd=64 --block_size=64 --batch_size=16 --max_steps=250 --eval_interval=25 --eval_batches=10"
+WINDOW="--n_layer=6 --n_embd=64 --block_size=64 --batch_size=16 --max_steps=2000 --eval_interval=25 --eval_batches=10"
 LISTOPS="--data=listops --n_layer=2 --n_embd=64 --block_size=64 --batch_size=16 --max_steps=2000 --eval_interval=200"
 
 grid() {   # grid FLAGS PREFIX "K..." "VARIANT...": per seed, the 1-loop reference, then every (K, variant)
   local flags=$1 prefix=$2 Ks=$3 variants=$4
   for seed in $SEEDS; do
     local ref=$OUT/${prefix}ref_K1_s$seed
-    run "$ref" $flags --n_loops=1 --seed=$seed
+    run "$ref" $flags ${EXTRA:-} --n_loops=1 --seed=$seed
     for K in $Ks; do for v in $variants; do
-      run "$OUT/${prefix}${v}_K${K}_s$seed" $flags --variant=$v --n_loops=$K --seed=$seed --reference="$ref"
+      run "$OUT/${prefix}${v}_K${K}_s$seed" $flags ${EXTRA:-} --variant=$v --n_loops=$K --seed=$seed --reference="$(where "$ref")"
     done; done
   done
 }
@@ -47,5 +76,7 @@ case "${1:-}" in
   map) grid "$MAP" "" "6 9 12" "LT LT_i LT_ia FLT_res FLT" ;;
   listops) grid "$LISTOPS" "lo_" "6 12" "FLT" ;;
   listops_baselines) grid "$LISTOPS" "lo_" "6 12" "LT LT_i" ;;
-  *) echo "usage: bash tools/flt_map.sh map | listops | listops_baselines" >&2; exit 2 ;;
+  window) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"; grid "$WINDOW" "w_" "12" "FLT LT_ia LT_i FLT_res LT" ;;
+  ladder) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"; grid "$WINDOW" "w_" "16 24" "FLT LT_ia LT_i" ;;
+  *) echo "usage: bash tools/flt_map.sh map | listops | listops_baselines | window | ladder" >&2; exit 2 ;;
 esac
