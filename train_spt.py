@@ -86,17 +86,14 @@ DEFAULTS = dict(
     warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
     pretrain_lr=0.0,         # 0 = same as lr
     pretrain_schedule="",    # "" = same as schedule
-    preset="",               # "", cpu or cpu_rescue: a named set of overrides, applied before the flags
-                             # (spt_settings.PRESETS)
+    preset="",               # "", cpu or cpu_rescue: overrides applied before the flags (spt_settings.PRESETS)
     # logging and analysis
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
     snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
     halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
-    report="",               # comma list of folders: gather their summary.json into a table (written into
-                             # the first folder, or --out_dir, or out/spt_report when the first is a run)
+    report="",               # comma list of folders: their summary.json as one table (spt_report.report)
     # system
-    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: the faster of the two,
-                                   # timed on this run's model (cost.choose_dtype)
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: timed (cost.choose_dtype)
     compile=False, num_workers=0, debug=False,
 )
 
@@ -565,9 +562,8 @@ def run_phases(run, data, model, seen):
 
 
 def spt_only(run, seen, model, val_ds, spt):
-    """The summary of a run that stops after SPT (--epochs=0): the SPT checkpoints
-    (spt_best.pt, spt_epoch<N>.pt) are its product; `--init_from=RUN/spt_best.pt` in
-    another run finetunes from them exactly as phase 2 of an SPT run does."""
+    """The summary of a run that stops after SPT (--epochs=0): its checkpoints are its product;
+    another run's `--init_from=RUN/spt_best.pt` finetunes from them as phase 2 of an SPT run does."""
     load_weights(model, spt.best_path)
     seen.observe("spt", model, val_ds, run.rt.device)
     return summarize(run, seen, model, val_ds, dict(
@@ -592,14 +588,11 @@ def summarize(run, seen, model, val_ds, results):
     run.write_summary(summary)
     seen.plot(val_ds[0][0])
     spt_report.plot_run(cfg["out_dir"])
-    if "test_acc" not in summary:                                  # SPT alone
-        print(f"SPT best val loss {summary['spt_best_val_loss']:.4f} (epoch {summary['spt_best_epoch']}); "
-              f"attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, after SPT "
-              f"{summary['mass_w2_spt']:.3f}; files in {cfg['out_dir']}")
-        return summary
-    print(f"best val acc {summary['best_val_acc']:.4f} (epoch {summary['best_epoch']}), test acc "
-          f"{summary['test_acc']:.4f}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
-          f"{summary['mass_w2_finetune']:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+    last = "finetune" if "test_acc" in summary else "spt"                 # "spt": SPT alone (--epochs=0)
+    done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
+            else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
+    print(f"{done}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
+          f"{summary['mass_w2_' + last]:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
     return summary
 
 
