@@ -15,6 +15,7 @@ before any work; a user error is one line on stderr, never a traceback.
 
 import ast
 import errno
+import json
 import math
 import os
 import sys
@@ -29,6 +30,7 @@ from data_lra import MAX_EXAMPLES as MAX_COUNT, memory_available
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError,
                PermissionError, IsADirectoryError, NotADirectoryError)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)   # a disk that takes no more writes
+LIMITS = (errno.EMFILE, errno.ENFILE)        # too many open files: `ulimit -n` is too low
 BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
 MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
@@ -44,10 +46,11 @@ def run_cli(main, argv=None):
     try:
         return main(argv)
     except (*USER_ERRORS, OSError) as e:
-        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK + BAD_PATH
+        user = isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in FULL_DISK + BAD_PATH + LIMITS
         if not user or str(flag_value(argv, "debug", "false")).lower() == "true":
             raise
-        sys.exit("error: " + " ".join(str(e).split()))      # exit status 1, one line whatever the message
+        hint = "; raise the limit (ulimit -n 1024) and run it again" if getattr(e, "errno", None) in LIMITS else ""
+        sys.exit("error: " + " ".join(str(e).split()) + hint)   # exit status 1, one line whatever the message
     except KeyboardInterrupt as e:
         word = getattr(e, "word", "interrupted")
         print(word + (f"; {e}" if str(e) and str(e) != word else ""), file=sys.stderr)
@@ -172,6 +175,7 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     own (where its weights came from), and each resume is listed under "resumes". A key
     the checkpoint lacks takes this command line's value, so a checkpoint saved before a
     flag existed still resumes. Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
+    check_own_checkpoint(saved, given["out_dir"], set(safe) | set(per_call))
     config, changed, refused = dict(saved), {}, []
     config.update({k: v for k, v in given.items() if k not in saved})       # flags the checkpoint lacks
     for k in explicit:
@@ -190,6 +194,24 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     config.update({k: given[k] for k in per_call}, out_dir=given["out_dir"])   # init_from stays the run's
     config["resumes"] = list(saved.get("resumes", [])) + [changed]
     return config, changed
+
+
+def check_own_checkpoint(saved, out_dir, free):
+    """A ckpt.pt resumes only the run of its folder: the checkpoint's config must agree
+    with the folder's config.json on every flag a resume may not change (`free` and the
+    folder's own name aside), else it is another run's checkpoint copied in (another size,
+    task or seed), and resuming it here would pass it off as this folder's run."""
+    try:
+        with open(os.path.join(out_dir, "config.json")) as f:
+            folder = json.load(f)
+    except (OSError, ValueError):
+        return                                    # no config.json: the folder check refuses it, if need be
+    skip = set(free) | {"out_dir", "init_from", "overwrite", "resumes"}
+    for k in sorted(set(saved) & set(folder) - skip):
+        if saved[k] != folder[k]:
+            raise ValueError(f"{os.path.join(out_dir, 'ckpt.pt')} is not the run of this folder: its {k} is "
+                             f"{saved[k]!r}, {os.path.join(out_dir, 'config.json')} says {folder[k]!r}. A "
+                             f"checkpoint resumes only in its own run's folder: copy the whole folder, not ckpt.pt")
 
 
 def check_memory(n_params, device, bytes_per_param=16):

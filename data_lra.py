@@ -724,6 +724,30 @@ def read_pathfinder_release(folder, progress=True, resolution=None):
 CHUNK = 250  # images per independently seeded chunk: the data do not depend on the number of workers
 
 
+def pool_room(per_worker=6, spare=12):
+    """How many pool workers the open-file limit leaves room for: each takes a few pipes
+    and descriptors, and a pool whose worker cannot start waits for it for ever. 0 or 1:
+    generate in this process instead."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        used = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return os.cpu_count() or 1
+    return max(0, (soft - used - spare) // per_worker) if soft != resource.RLIM_INFINITY else os.cpu_count() or 1
+
+
+def _quiet_worker():
+    """A pool worker leaves the stop signals to its parent: Ctrl-C, SIGHUP and SIGUSR1
+    reach the parent (which ends the pool), and SIGTERM, the pool's own way of ending a
+    worker, ends it at once, not through a handler inherited from the parent (a
+    training run's, which would raise inside the worker and could leave it blocked)."""
+    import signal
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _pathfinder_chunk(args):
     seed, chunk, size, resolution, contour_length = args
     return pathfinder.generate_chunk(seed, chunk, size, contour_length, resolution)
@@ -736,7 +760,7 @@ def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32
     length = DIFFICULTIES[_difficulty(difficulty)][1]
     pathfinder.params(resolution)
     jobs = [(seed, c, min(CHUNK, n - c * CHUNK), resolution, length) for c in range((n + CHUNK - 1) // CHUNK)]
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    workers = min(workers or os.cpu_count() or 1, len(jobs), pool_room())
     bar = tqdm(total=n, desc=f"pathfinder{resolution} {difficulty}", disable=not progress, unit="img")
     parts = []
     if workers <= 1:
@@ -745,7 +769,7 @@ def generate_pathfinder(n, seed=0, difficulty="contour_length_14", resolution=32
             bar.update(job[2])
     else:
         import multiprocessing as mp
-        with mp.get_context("fork" if sys.platform != "win32" else "spawn").Pool(workers) as pool:
+        with mp.get_context("fork" if sys.platform != "win32" else "spawn").Pool(workers, _quiet_worker) as pool:
             for part in pool.imap(_pathfinder_chunk, jobs):
                 parts.append(part)
                 bar.update(len(part[1]))

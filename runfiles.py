@@ -12,6 +12,7 @@ to open this module; the scripts call it through training.Run in a few places.
   claim_outputs   a folder that is not a run (--report, --compare) before writing into it
   read_manifest   which script wrote a folder, and which files
   load_checkpoint a checkpoint read weights-only (no code runs) and checksummed
+  data_fingerprint  a hash of the training data: a resumed run refuses other data
 
 A folder this project writes into holds manifest.json: the script, a run id, the
 writer's pid and every file written there, each listed before it exists. Clean-up
@@ -20,6 +21,7 @@ and --overwrite remove only listed files; an unlisted file refuses the folder.
 
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -174,7 +176,14 @@ def read_manifest(folder):
     except (OSError, ValueError):
         return None
     ok = isinstance(m, dict) and isinstance(m.get("script"), str) and isinstance(m.get("files"), list)
-    return m if ok else None
+    return m if ok and all(_plain_name(n) for n in m["files"]) else None
+
+
+def _plain_name(name):
+    """A manifest lists files of its own folder only: a name, never a path (anyone can
+    edit the file, and --overwrite unlinks what it lists)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and \
+        "/" not in name and "\\" not in name and "\0" not in name
 
 
 class _Manifest:
@@ -208,7 +217,7 @@ class _Manifest:
 
     def remove_files(self):
         """Unlink every listed file (a link is removed, never followed)."""
-        for name in self.data["files"]:
+        for name in filter(_plain_name, self.data["files"]):
             path = os.path.join(self.folder, name)
             if os.path.lexists(path) and not os.path.isdir(path) or os.path.islink(path):
                 os.remove(path)
@@ -280,7 +289,7 @@ def claim_outputs(folder, tool, names=()):
 # Run folders: known by their manifest, locked first, never silently reused
 
 class RunFolder:
-    """The run's out_dir: `with RunFolder(out_dir, script, overwrite, resume) as folder:`. On
+    """The run's out_dir: `with RunFolder(out_dir, script, overwrite, resume, reads) as folder:`. On
     entry (rank 0 only, before any data is read) it creates the folder if needed and
     takes its lock, an flock on run.lock that the kernel drops when this process ends,
     however it ends. Holding it, it accepts the folder only if it is empty or its
@@ -291,8 +300,12 @@ class RunFolder:
     files the old run's manifest lists. On exit the lock is released, and a folder this
     run created and never wrote to is removed: a refused run leaves nothing."""
 
-    def __init__(self, out_dir, script, overwrite=False, resume=False):
+    def __init__(self, out_dir, script, overwrite=False, resume=False, reads=()):
         self.dir, self.script = out_dir, script
+        inside = [r for r in reads if os.path.realpath(r).startswith(os.path.join(os.path.realpath(out_dir), ""))]
+        if overwrite and inside:                  # --overwrite would delete what the new run reads
+            raise ValueError(f"{inside[0]} lies in --out_dir={out_dir}, which --overwrite=True empties first: "
+                             f"copy it out of the folder, or write into another --out_dir")
         self.overwrite, self.resume, self.created, self.lock = overwrite, resume, False, None
         self.master = int(os.environ.get("RANK", 0)) == 0   # read before the process group exists
         self.manifest = None
@@ -353,6 +366,9 @@ class RunFolder:
         """The folder's manifest (None for an empty folder) once the folder is known to be
         this script's run folder, free, and of the state this call asks for."""
         m = read_manifest(self.dir)
+        if m is None and os.path.lexists(os.path.join(self.dir, _MANIFEST)):
+            raise FileExistsError(f"{os.path.join(self.dir, _MANIFEST)} is damaged or names a file outside its "
+                                  f"folder, so nothing in --out_dir={self.dir} is touched; choose another --out_dir")
         if m is None:
             present = _foreign_files(self.dir, None)
             if present:
@@ -438,3 +454,23 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"checkpoint {path} is not a checkpoint of this project (no 'model' weights in it)")
     return state
+
+
+def data_fingerprint(*datasets, n=256):
+    """16 hex digits of sha256 over datasets: an array's shape and bytes (above 64 MiB, n
+    slices of them); a dataset's size and n examples spread over it."""
+    h = hashlib.sha256()
+    for data in datasets:
+        h.update(str(getattr(data, "shape", len(data))).encode())
+        if isinstance(data, np.ndarray) and data.nbytes <= 2**26:
+            h.update(data.tobytes())
+            continue
+        for i in np.unique(np.linspace(0, len(data) - 1, min(n, len(data))).astype(int)):
+            h.update(_bytes(data[i:i + 2**16] if isinstance(data, np.ndarray) else data[int(i)]))
+    return h.hexdigest()[:16]
+
+
+def _bytes(x):
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return np.asarray(x).tobytes()
+    return b"".join(_bytes(v) for v in x) if isinstance(x, (tuple, list)) else repr(x).encode()

@@ -13,7 +13,6 @@ Files are written through runfiles.py (atomic, never through a link, in a manife
 """
 
 import gc
-import hashlib
 import math
 import os
 import shlex
@@ -22,7 +21,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -31,6 +29,14 @@ import configurator
 import runfiles
 from configurator import Stopped
 from runfiles import load_checkpoint
+
+# The signals that stop a run at the end of its step, resume point saved: Ctrl-C, SIGTERM (a
+# cluster's warning before a kill), SIGHUP (a closed terminal), SIGUSR1 (SLURM's --signal=USR1@90).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)   # exit status 128 + N
+
+
+def stop_word(signum):
+    return "interrupted" if signum == signal.SIGINT else "terminated"
 
 # -----------------------------------------------------------------------------
 # Device, precision and torchrun DDP
@@ -219,12 +225,6 @@ def last_good_checkpoint(path):
     return f"the last good checkpoint is {path} (step {state.get('step', '?')})"
 
 
-def _bytes(x):
-    if isinstance(x, (torch.Tensor, np.ndarray)):
-        return np.asarray(x).tobytes()
-    return b"".join(_bytes(v) for v in x) if isinstance(x, (tuple, list)) else repr(x).encode()
-
-
 # -----------------------------------------------------------------------------
 # The run: its state, its folder and log, its resume point, and how it stops
 
@@ -243,9 +243,11 @@ class Run:
 
     def __init__(self, cfg, script, argv, resume_config):
         self.cfg, self.script, self.argv, self.resume_config = cfg, script, argv, resume_config
-        self.folder = runfiles.RunFolder(cfg["out_dir"], script, cfg["overwrite"], cfg["init_from"] == "resume")
+        start = cfg.get("init_from", "")
+        self.folder = runfiles.RunFolder(cfg["out_dir"], script, cfg["overwrite"], start == "resume",
+                                         reads=[start] if start not in ("", "resume") else [])
         self.ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-        self.ckpt, self.saver, self.signal, self.steps, self.begun = None, None, None, 0, False
+        self.ckpt, self.saver, self.signum, self.steps, self.begun = None, None, None, 0, False
 
     def __enter__(self):
         self.folder.__enter__()
@@ -258,7 +260,7 @@ class Run:
             self.folder.__exit__()
             raise
         self.start, self.before = time.time(), self.ckpt.get("wall_time", 0.0) if self.ckpt else 0.0
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in STOP_SIGNALS}
         return self
 
     def __exit__(self, kind, error, trace):
@@ -268,33 +270,33 @@ class Run:
         if kind is None:
             close_ddp(self.rt)
         elif issubclass(kind, KeyboardInterrupt) and not isinstance(error, Stopped):
-            word = self.signal or "interrupted"
             how = last_good_checkpoint(self.ckpt_path)
-            how += (f": continue with --init_from=resume --out_dir={self.cfg['out_dir']}"
-                    if how.startswith("the last good") else ": start again with --overwrite=True")
-            raise Stopped(word, how, 143 if word == "terminated" else 130) from None
+            how += (f": continue with --init_from=resume --out_dir={self.cfg['out_dir']}" if how.startswith(
+                "the last good") else ": run the same command again" if not self.begun else
+                ": start again with --overwrite=True")
+            signum = self.signum or signal.SIGINT
+            raise Stopped(stop_word(signum), how, 128 + signum) from None
 
     def on_signal(self, signum, frame):
-        """SIGINT or SIGTERM: once the run has begun, the end of the step stops it, its resume
-        point saved (tick); before, or at a second signal, now (if a finalizer swallows that, the flag stops it)."""
-        first, self.signal = self.signal is None, self.signal or \
-            ("terminated" if signum == signal.SIGTERM else "interrupted")
+        """A stop signal: once the run has begun, the end of the step stops it, its resume point
+        saved (tick); before, or at a second signal, now (if a finalizer swallows that, the flag stops it)."""
+        first, self.signum = self.signum is None, self.signum or signum
         if not (first and self.begun):
-            raise KeyboardInterrupt(self.signal)
+            raise KeyboardInterrupt(stop_word(self.signum))
 
     def tick(self):
         """After each optimizer step: stop if a signal asked to (the loop's resume point
         saved first, by run.saver), or after --halt_after_steps (as if killed: to test resume)."""
         self.steps += 1
-        stop = self.signal is not None
+        stop = self.signum is not None
         if self.rt.ddp:                                             # every rank stops at the same step
             flag = torch.tensor(float(stop), device=self.rt.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             stop = bool(flag.item())
         if stop:
-            self.signal = self.signal or "terminated"
+            self.signum = self.signum or signal.SIGTERM                # another rank's signal
             self.saver()
-            raise KeyboardInterrupt(self.signal)
+            raise KeyboardInterrupt(stop_word(self.signum))
         halt = self.cfg.get("halt_after_steps", 0)
         if halt and self.steps >= halt:
             raise SystemExit(f"halted after {self.steps} steps (--halt_after_steps)")
@@ -320,8 +322,8 @@ class Run:
         if self.ckpt:
             self.log(**at, event="resume", changed=self.cfg["resumes"][-1])
         self.begun = True
-        if self.signal:                                             # one came while it was starting
-            raise KeyboardInterrupt(self.signal)
+        if self.signum:                                             # one came while it was starting
+            raise KeyboardInterrupt(stop_word(self.signum))
 
     def log(self, file="log.jsonl", **record):
         """One record at the end of log.jsonl (or of `file`), on the master rank."""
@@ -336,19 +338,10 @@ class Run:
         """The run's wall time across resumes: the checkpoint's, plus this call's."""
         return self.before + time.time() - self.start
 
-    def fingerprint(self, *datasets, n=256):
-        """cfg["data_fingerprint"], 16 hex digits of sha256 over the training sets (an array's
-        shape and bytes, above 64 MiB n slices of them; a dataset's size and n examples
-        spread over it): a resumed run refuses other data than its checkpoint's."""
-        h = hashlib.sha256()
-        for data in datasets:
-            h.update(str(getattr(data, "shape", len(data))).encode())
-            if isinstance(data, np.ndarray) and data.nbytes <= 2**26:
-                h.update(data.tobytes())
-                continue
-            for i in np.unique(np.linspace(0, len(data) - 1, min(n, len(data))).astype(int)):
-                h.update(_bytes(data[i:i + 2**16] if isinstance(data, np.ndarray) else data[int(i)]))
-        fp = h.hexdigest()[:16]
+    def fingerprint(self, *datasets):
+        """cfg["data_fingerprint"] (runfiles.data_fingerprint of the training sets): a
+        resumed run refuses other data than its checkpoint's."""
+        fp = runfiles.data_fingerprint(*datasets)
         if self.cfg.get("data_fingerprint", fp) != fp:
             raise ValueError(f"the training data is not the data this run was trained on (fingerprint {fp}, "
                              f"the checkpoint's {self.cfg['data_fingerprint']}); resume with the same data, or "

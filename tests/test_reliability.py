@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -79,7 +80,7 @@ def finished_spt(tmp_path_factory):
     ("--batch_size=-4", "--batch_size=-4 is out of range"),
     ("--grad_accum=0", "--grad_accum=0 is out of range"),
     ("--log_every=0", "--log_every=0 is out of range"),
-    ("--epochs=0", "--epochs=0 is out of range"),
+    ("--epochs=-1", "--epochs=-1 is out of range"),
     ("--pretrain_epochs=-1", "--pretrain_epochs=-1 is out of range"),
     ("--lr=nan", "--lr=nan is not a finite number"),
     ("--lr=1e309", "--lr=1e309 is not a finite number"),
@@ -804,3 +805,77 @@ def test_a_checkpoint_of_another_shape_or_script_is_refused_before_anything_is_w
         status, message = cli(train_spt, *SPT, "--pretrain_epochs=0", f"--init_from={ckpt}", *flags,
                               f"--out_dir={out}")
         assert status == 1 and words in message and not out.exists()
+
+
+# Round four: what a hostile user found on db7084f
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGHUP, 129), (signal.SIGUSR1, 138)])
+def test_sighup_and_sigusr1_stop_a_run_like_sigterm_with_its_resume_point(tmp_path, text_file, monkeypatch,
+                                                                          capsys, sig, status):
+    """A closed terminal (SIGHUP) and SLURM's warning ahead of a time limit (SIGUSR1):
+    the step ends, ckpt.pt is saved, the lock is released, the exit status is 128 + N."""
+    forward, calls = LoopedTransformer.forward, []
+
+    def forward_then_signal(self, *args, **kwargs):
+        calls.extend([1] if self.training else [])
+        if self.training and len(calls) == 2:
+            os.kill(os.getpid(), sig)
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(LoopedTransformer, "forward", forward_then_signal)
+    out = tmp_path / "run"
+    assert cli(train_flt, *FLT, f"--data={text_file}", "--max_steps=6", f"--out_dir={out}")[0] == status
+    assert "terminated; the last good checkpoint is" in capsys.readouterr().err
+    assert load_checkpoint(out / "ckpt.pt")["step"] == 2 and not (out / "run.lock").exists()
+
+
+def test_a_manifest_that_names_a_path_outside_its_folder_deletes_nothing(finished_spt, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_spt, run)
+    outside = tmp_path / "x"
+    outside.write_text("not the run's")
+    manifest = json.loads((run / "manifest.json").read_text())
+    for name in ("../x", str(outside)):
+        (run / "manifest.json").write_text(json.dumps(dict(manifest, files=manifest["files"] + [name])))
+        before = fingerprint(run)
+        status, message = cli(train_spt, *SPT, f"--out_dir={run}", "--overwrite=True")
+        assert status == 1 and "names a file outside its folder" in message
+        assert outside.read_text() == "not the run's" and fingerprint(run) == before
+
+
+def test_overwrite_refuses_to_finetune_from_a_checkpoint_in_the_folder_it_would_empty(finished_spt, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_spt, run)
+    before = fingerprint(run)
+    flags = [f for f in SPT if not f.startswith("--pretrain_epochs")]
+    status, message = cli(train_spt, *flags, f"--out_dir={run}", "--overwrite=True", f"--init_from={run / 'spt_best.pt'}")
+    assert status == 1 and "lies in --out_dir" in message and fingerprint(run) == before
+
+
+def test_a_checkpoint_copied_in_from_a_run_of_another_size_is_not_resumed(tmp_path, text_file):
+    small, big = tmp_path / "small", tmp_path / "big"
+    flags = [*FLT, f"--data={text_file}", "--max_steps=3"]
+    assert cli(train_flt, *flags, "--n_embd=16", f"--out_dir={small}")[0] == 0
+    assert cli(train_flt, *flags, "--n_embd=32", f"--out_dir={big}")[0] == 0
+    shutil.copy(small / "ckpt.pt", big / "ckpt.pt")
+    before = fingerprint(big)
+    status, message = cli(train_flt, f"--out_dir={big}", "--init_from=resume")
+    assert status == 1 and "is not the run of this folder: its n_embd is 16" in message
+    assert fingerprint(big) == before
+
+
+def test_data_generation_cut_by_sigterm_leaves_no_worker_traceback_and_no_folder(tmp_path):
+    """The pool's workers no longer inherit the run's signal handler: a SIGTERM while
+    PathFinder is generated ends the run with 143, one line, no worker traceback, no
+    run folder, and the advice to run the same command again. The signal is sent once
+    the progress bar shows generation under way (100,000 images: seconds to go)."""
+    argv = [sys.executable, "train_spt.py", "--task=pathfinder", "--n_generate=100000", "--depth=1",
+            f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    seen, deadline = b"", time.time() + 120
+    while b"250/100000" not in seen and time.time() < deadline and p.poll() is None:
+        seen += os.read(p.stderr.fileno(), 4096)                   # the bar: generation has begun
+    p.send_signal(signal.SIGTERM)
+    err = (seen + p.communicate(timeout=60)[1]).decode()
+    assert p.returncode == 143 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "run the same command again" in err and not (tmp_path / "run").exists()
