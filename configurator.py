@@ -9,7 +9,9 @@ before any work; a user error is one line on stderr, never a traceback.
   check_ranges   every numeric flag inside its range (integers, counts and path lengths are bounded
                  when parsed, and by check_ranges' counts)
   resume_config  what a resumed run continues with (safe flags may change)
-  check_memory   a model too large for this machine, refused before anything is allocated
+  check_memory   a model or batch too large for this machine, refused before anything is allocated
+  check_open_files  an open-file limit (ulimit -n) too low for a run, refused first
+  check_apart    a data folder that is the run folder, or inside it, refused
   check_device   the --device flag names a device this machine has
 """
 
@@ -43,6 +45,8 @@ def run_cli(main, argv=None):
     with 130, SIGTERM (Stopped) with 143, each with the message main attached to it (how
     to continue, if anything can)."""
     argv = sys.argv[1:] if argv is None else argv
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SoftStream(sys.stdout), SoftStream(sys.stderr)
     try:
         return main(argv)
     except (*USER_ERRORS, OSError) as e:
@@ -51,10 +55,54 @@ def run_cli(main, argv=None):
             raise
         hint = "; raise the limit (ulimit -n 1024) and run it again" if getattr(e, "errno", None) in LIMITS else ""
         sys.exit("error: " + " ".join(str(e).split()) + hint)   # exit status 1, one line whatever the message
+    except MemoryError as e:                           # numpy's too: an allocation the checks did not foresee
+        if str(flag_value(argv, "debug", "false")).lower() == "true":
+            raise
+        sys.exit(f"error: out of memory ({' '.join(str(e).split())[:160]}); lower --batch_size or the model size")
     except KeyboardInterrupt as e:
         word = getattr(e, "word", "interrupted")
         print(word + (f"; {e}" if str(e) and str(e) != word else ""), file=sys.stderr)
         sys.exit(getattr(e, "status", 130))
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+class SoftStream:
+    """stdout or stderr as a run sees it: a character the terminal's encoding lacks is
+    written escaped, and a stream that fails (a closed pipe, `| head -1`; a full device)
+    never stops training, whose files are what count: the first failed write points the
+    stream at /dev/null and the run goes on."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.silence()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError:
+            self.silence()
+
+    def silence(self):
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 class Stopped(KeyboardInterrupt):
@@ -174,8 +222,13 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     to stop this call) always take this command line's value; init_from keeps the run's
     own (where its weights came from), and each resume is listed under "resumes". A key
     the checkpoint lacks takes this command line's value, so a checkpoint saved before a
-    flag existed still resumes. Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
+    flag existed still resumes. A folder whose log.jsonl is gone, or whose ckpt.pt is another
+    run's, is refused. Returns (config, changed), changed = {key: [checkpoint's value, new value]}."""
     check_own_checkpoint(saved, given["out_dir"], set(safe) | set(per_call))
+    if not os.path.exists(os.path.join(given["out_dir"], "log.jsonl")):
+        raise FileNotFoundError(f"{os.path.join(given['out_dir'], 'log.jsonl')} is gone: the curves and the summary "
+                                f"are read from the whole log, so this run cannot be resumed; start it again with "
+                                f"--overwrite=True")
     config, changed, refused = dict(saved), {}, []
     config.update({k: v for k, v in given.items() if k not in saved})       # flags the checkpoint lacks
     for k in explicit:
@@ -214,14 +267,41 @@ def check_own_checkpoint(saved, out_dir, free):
                              f"checkpoint resumes only in its own run's folder: copy the whole folder, not ckpt.pt")
 
 
-def check_memory(n_params, device, bytes_per_param=16):
+def check_memory(n_params, device, batch_values=0, bytes_per_param=16):
     """Refuse, before anything is allocated, a model whose weights, gradients and two AdamW
-    moments (4 x 4 bytes a parameter) exceed the memory this device has free."""
+    moments (4 x 4 bytes a parameter), or a batch whose activations (batch_values float32
+    numbers kept for backward: a lower bound), exceed the memory this device has free."""
     cuda = torch.cuda.is_available() and (str(device).startswith("cuda") or device == "auto")
     free = torch.cuda.mem_get_info()[0] if cuda else memory_available()
     if n_params * bytes_per_param > free:
         raise ValueError(f"the model has about {n_params:,} parameters: {n_params * bytes_per_param / 2**30:.1f} GiB "
                          f"to train, more than the {free / 2**30:.1f} GiB free here; lower --n_embd or the depth")
+    if n_params * bytes_per_param + 4 * batch_values > free:
+        raise ValueError(f"one batch keeps at least {4 * batch_values / 2**30:.1f} GiB of activations for backward, "
+                         f"more than the {free / 2**30:.1f} GiB free here; lower --batch_size (use --grad_accum)")
+
+
+def check_apart(data_dirs, out_dir):
+    """A data folder is neither the run folder nor inside it: the run folder holds the
+    run's own files only (data cached there would refuse its resume)."""
+    run = os.path.join(os.path.realpath(out_dir), "")
+    for d in data_dirs:
+        if out_dir and os.path.join(os.path.realpath(d), "").startswith(run):
+            raise ValueError(f"the data folder {d} is --out_dir={out_dir} or lies in it; give the data and the run "
+                             f"separate folders")
+
+
+def check_open_files(least=32):
+    """Refuse, before any work, an open-file limit (ulimit -n) below what a run needs: its
+    files, checkpoints, figures and data workers (a pool that cannot open its pipes hangs)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return
+    if soft != resource.RLIM_INFINITY and soft < least:
+        raise ValueError(f"the open-file limit is {soft} (ulimit -n), under the {least} a run needs; raise it "
+                         f"(ulimit -n 1024) and run it again")
 
 
 def check_device(device):

@@ -201,7 +201,8 @@ def residual_statistics(steps, n_loops):
     if not steps:
         return {"residual_norm_first": [], "residual_norm_last": [], "residual_norm_peak": [],
                 "residual_norm_peak_step": [], "max_residual_norm": float("nan")}
-    res = np.array([rec["residual_norms"] for rec in steps]).reshape(len(steps), n_loops)
+    res = np.array([[np.inf if v is None else v for v in rec["residual_norms"]] for rec in steps],
+                   dtype=float).reshape(len(steps), n_loops)              # null in the log: inf (strict JSON)
     return {"residual_norm_first": res[0].tolist(), "residual_norm_last": res[-1].tolist(),
             "residual_norm_peak": res.max(0).tolist(),
             "residual_norm_peak_step": [steps[i]["step"] for i in res.argmax(0)],

@@ -95,7 +95,8 @@ def check_config(cfg, explicit):
                               fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"),
                               counts=("listops_examples", "listops_val"))
     d = cfg["n_embd"]
-    configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"])   # blocks: a lower bound
+    configurator.check_memory(cfg["n_layer"] * (4 + 2 * cfg["ffn_mult"]) * d * d, cfg["device"],   # blocks: lower
+                              cfg["batch_size"] * cfg["block_size"] * d * cfg["n_layer"] * cfg["n_loops"] * 4)  # bounds
     if cfg["osc_steps"] < 2:
         raise ValueError(f"--osc_steps={cfg['osc_steps']} is out of range: the statistic needs at least 2 steps")
     data = cfg["data"]
@@ -114,18 +115,16 @@ def check_config(cfg, explicit):
     if "data_dir" in explicit and data != "stdlib":
         raise ValueError(f"--data_dir is where the stdlib corpus is cached; it does not apply to --data={data}; "
                          "leave it out")
+    configurator.check_apart([cfg["data_dir"]] if data == "stdlib" else [data] if os.path.isdir(data) else [],
+                             cfg["out_dir"])
 
 
 def resume_config(ckpt, cfg, argv):
     """--init_from=resume: the checkpoint's config, with the RESUME_SAFE flags given now
-    (configurator.resume_config); a checkpoint of train_spt.py, or a run whose log.jsonl
-    is gone, is refused."""
+    (configurator.resume_config); a checkpoint of train_spt.py is refused."""
     if "variant" not in ckpt["config"]:
         raise ValueError(f"{cfg['out_dir']}/ckpt.pt was not written by train_flt.py (train_spt.py's?); resume it "
                          f"with the script that wrote it")
-    if not os.path.exists(os.path.join(cfg["out_dir"], "log.jsonl")):
-        raise FileNotFoundError(f"{cfg['out_dir']}/log.jsonl is gone: the summary is computed from the whole log, "
-                                f"so this run cannot be resumed; start it again with --overwrite=True")
     cfg, changed = configurator.resume_config(ckpt["config"], cfg, configurator.given_keys(argv), RESUME_SAFE,
                                               per_call=("stop_step", "debug"))
     if changed:

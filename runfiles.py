@@ -71,12 +71,20 @@ def write_file(path, content):
         if os.path.lexists(tmp):
             os.remove(tmp)
         if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < 2**20:
-            raise OSError(errno.ENOSPC, f"no space left to write {path}; free some space, then continue "
-                                        f"with --init_from=resume") from None
+            raise OSError(errno.ENOSPC, f"no space left to write {path}; free some space, then "
+                                        f"{_then(path)}") from None
         if isinstance(e, RuntimeError) and any(s in str(e) for s in _WRITE_FAILED):
             raise OSError(errno.EIO, f"could not write {path} ({str(e).splitlines()[0][:160]}); check the "
-                                     f"disk, then continue with --init_from=resume") from None
+                                     f"disk, then {_then(path)}") from None
         raise
+
+
+def _then(path):
+    """What to do once the disk takes writes again: resume from the folder's ckpt.pt if
+    it has one, else start the run again."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return ("continue with --init_from=resume" if os.path.exists(os.path.join(folder, "ckpt.pt")) else
+            "start it again with --overwrite=True (no checkpoint was written yet)")
 
 
 def write_json(path, obj):
@@ -288,6 +296,18 @@ def claim_outputs(folder, tool, names=()):
 # -----------------------------------------------------------------------------
 # Run folders: known by their manifest, locked first, never silently reused
 
+def _check_folder_name(out_dir):
+    """An --out_dir that can be written and named: not empty, and UTF-8 (its name goes
+    into config.json and the messages)."""
+    if not out_dir:
+        raise ValueError("--out_dir is empty; give the folder to write the run into")
+    try:
+        out_dir.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"--out_dir={ascii(out_dir)} holds bytes that are not UTF-8; choose a folder name in "
+                         f"UTF-8") from None
+
+
 class RunFolder:
     """The run's out_dir: `with RunFolder(out_dir, script, overwrite, resume, reads) as folder:`. On
     entry (rank 0 only, before any data is read) it creates the folder if needed and
@@ -301,6 +321,7 @@ class RunFolder:
     run created and never wrote to is removed: a refused run leaves nothing."""
 
     def __init__(self, out_dir, script, overwrite=False, resume=False, reads=()):
+        _check_folder_name(out_dir)
         self.dir, self.script = out_dir, script
         inside = [r for r in reads if os.path.realpath(r).startswith(os.path.join(os.path.realpath(out_dir), ""))]
         if overwrite and inside:                  # --overwrite would delete what the new run reads
@@ -315,6 +336,9 @@ class RunFolder:
             return self
         if os.path.exists(self.dir) and not os.path.isdir(self.dir):
             raise NotADirectoryError(f"--out_dir={self.dir} is a file, not a folder; choose another --out_dir")
+        if os.path.islink(self.dir) and not os.path.exists(self.dir):
+            raise FileNotFoundError(f"--out_dir={self.dir} is a link to {os.readlink(self.dir)}, which does not "
+                                    f"exist; create that folder, or choose another --out_dir")
         self.created = not os.path.exists(self.dir)
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -385,6 +409,11 @@ class RunFolder:
         if foreign:
             raise FileExistsError(f"--out_dir={self.dir} holds files its run did not write ({_some(foreign)}); "
                                   f"move them, or choose an empty or new --out_dir")
+        folders = [f for f in (m["files"] if m else []) if os.path.isdir(os.path.join(self.dir, f)) and
+                   not os.path.islink(os.path.join(self.dir, f))]
+        if folders:
+            raise IsADirectoryError(f"{os.path.join(self.dir, folders[0])} is a folder where the run writes a file; "
+                                    f"move it, or choose another --out_dir")
         found = [f for f in _RESULT_FILES if m and f in m["files"] and os.path.lexists(os.path.join(self.dir, f))]
         if self.resume and "ckpt.pt" not in found:
             raise FileNotFoundError(f"--init_from=resume but {os.path.join(self.dir, 'ckpt.pt')} does not exist; "

@@ -152,6 +152,8 @@ def get_config(defaults, argv, doc=""):
     cfg = check_config(cfg, given_keys(argv))
     if not cfg["report"]:
         cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg, defaults)
+        if {cfg["task"], cfg["pretrain_task"] or cfg["task"]} != {"synthetic"}:     # data_dir is read
+            configurator.check_apart([cfg["data_dir"]], cfg["out_dir"])
     return cfg
 
 
@@ -292,4 +294,7 @@ def check_data(cfg, rt, splits):
         if name in ("train", "pretrain") and len(ds) < G:
             raise ValueError(f"the {name} split has {len(ds)} examples, fewer than one global batch "
                              f"of {G}; lower --batch_size or --grad_accum")
+    d, T = cfg["n_embd"], max(ds.max_len for ds in splits.values())        # a lower bound of the activations
+    check_memory(cfg["depth"] * (4 + 2 * cfg["ffn_mult"]) * d * d, rt.device,
+                 cfg["batch_size"] * T * d * cfg["depth"] * 4)
 

@@ -305,11 +305,13 @@ def train(run, raw, optimizers, base_lrs, data):
             res_norms += stats["residual_norms"] / n_micro
         loss_now, res_norms = mean_over_ranks(loss_sum, res_norms, rt)
         g_total = grad_norm(params).item()                              # before clipping
+        stream = math.inf if not torch.isfinite(res_norms).all() else g_total   # an inf residual stream too
         try:                                                            # NaN or inf: stop before the update
-            guard.record(torch.tensor(loss_now), torch.tensor(g_total), it + 1)
+            guard.record(torch.tensor(loss_now), torch.tensor(stream), it + 1)
             guard.check()
         except FloatingPointError as e:
-            run.say(f"stopping: the loss is {loss_now} and the gradient norm {g_total}: the run diverged. {e}")
+            run.say(f"stopping: the loss is {loss_now}, the gradient norm {g_total} and the residual norms "
+                    f"{res_norms.tolist()}: the run diverged. {e}")
             return it + 1
         block_norms = [grad_norm(b.parameters()).item() for b in raw.blocks]
         if cfg["grad_clip"] > 0:

@@ -165,11 +165,6 @@ def epoch_batches(n, cfg, rt, seed):
     return batches
 
 
-def loader(ds, batches, cfg, rt):
-    return torch.utils.data.DataLoader(ds, batch_sampler=batches, collate_fn=ds.collate,
-                                       num_workers=cfg["num_workers"], pin_memory=rt.device_type == "cuda")
-
-
 def to_device(batch, rt):
     tokens, pad_mask, labels = batch
     move = lambda t: None if t is None else t.to(rt.device, non_blocking=True)
@@ -368,7 +363,7 @@ class Phase:
                         desc=f"{self.name} epoch {state['epoch'] + 1}/{self.epochs}", leave=False)
         if self.rng is not None and state["step_in_epoch"] == 0:
             torch.set_rng_state(self.rng)
-        data = iter(loader(train_ds, batches, cfg, rt))
+        data = iter(rt.loader(train_ds, batches, cfg["num_workers"]))
         if self.rng is not None and state["step_in_epoch"] > 0:
             torch.set_rng_state(self.rng)
         self.rng = None
@@ -446,7 +441,8 @@ def evaluate(objective, ds, cfg, rt, phase):
     batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
     gen = torch.Generator().manual_seed(VAL_MASK_SEED)
     totals = torch.zeros(4, dtype=torch.float64, device=rt.device)   # loss sum, correct, count, squares
-    for batch in tqdm(loader(ds, batches, cfg, rt), desc=f"eval {phase}", leave=False, disable=not rt.master):
+    for batch in tqdm(rt.loader(ds, batches, cfg["num_workers"]), desc=f"eval {phase}", leave=False,
+                      disable=not rt.master):
         tokens, pad_mask, labels = to_device(batch, rt)
         with rt.autocast():
             if phase == "spt":

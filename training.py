@@ -34,9 +34,7 @@ from runfiles import load_checkpoint
 # cluster's warning before a kill), SIGHUP (a closed terminal), SIGUSR1 (SLURM's --signal=USR1@90).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)   # exit status 128 + N
 
-
-def stop_word(signum):
-    return "interrupted" if signum == signal.SIGINT else "terminated"
+STOP_WORD = {signal.SIGINT: "interrupted"}                                        # the others: "terminated"
 
 # -----------------------------------------------------------------------------
 # Device, precision and torchrun DDP
@@ -55,11 +53,14 @@ class Runtime:
     def master(self):
         return self.rank == 0
 
+    def loader(self, ds, batches, num_workers):
+        """A DataLoader of `batches`; its workers leave a stop signal to the run (the parent)."""
+        return torch.utils.data.DataLoader(ds, batch_sampler=batches, collate_fn=ds.collate, num_workers=num_workers,
+                                           pin_memory=self.device_type == "cuda", worker_init_fn=_ignore_stop_signals)
+
     def autocast(self):
         """`with rt.autocast():` runs the forward in ptdtype (nothing to do in float32)."""
-        if self.ptdtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.ptdtype)
+        return nullcontext() if self.ptdtype == torch.float32 else torch.autocast(self.device_type, self.ptdtype)
 
 
 def setup_runtime(device="auto", dtype="auto", seed=0):
@@ -88,18 +89,21 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
 
 
 def wrap(module, rt, compile=False):
-    """What the loop calls: the module under DDP when launched by torchrun (a replica per
-    process, gradients averaged in backward), then under torch.compile if asked. Both
-    scripts wrap the module whose forward returns the loss."""
+    """What the loop calls: the module whose forward returns the loss, under DDP when launched
+    by torchrun (a replica per process, gradients averaged in backward), then torch.compile."""
     if rt.ddp:
         module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     return torch.compile(module) if compile else module
 
 
+def _ignore_stop_signals(worker_id):
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def grad_sync(module, rt, last_micro):
-    """Under DDP, module.no_sync() for every micro-batch but the last of a step: the
-    gradients are averaged over ranks once, in the step's last backward."""
+    """Under DDP, module.no_sync() for every micro-batch but a step's last: one all-reduce a step."""
     return module.no_sync() if rt.ddp and not last_micro else nullcontext()
 
 
@@ -110,9 +114,8 @@ def unwrap(model):
 
 
 def close_ddp(rt):
-    """End of a DDP run: a barrier, garbage collection (a DDP wrapper in a reference cycle
-    holds the process group), then destroy the group, so that no gloo thread outlives it
-    into the interpreter's exit and aborts the process."""
+    """End of a DDP run: a barrier, garbage collection (a DDP wrapper in a reference cycle holds
+    the group), then destroy the group, so that no gloo thread outlives it and aborts the exit."""
     if rt.ddp:
         dist.barrier()
         gc.collect()
@@ -238,11 +241,12 @@ class Run:
             run.write_summary(summary)
 
     On entry: the run folder (runfiles.RunFolder) and, with --init_from=resume, its
-    checkpoint (run.ckpt) and resume_config(ckpt, cfg, argv). Ctrl-C or SIGTERM (a cluster's
-    warning before a kill) stops a loop at the end of its step, resume point saved (run.saver)."""
+    checkpoint (run.ckpt) and resume_config(ckpt, cfg, argv). A stop signal (STOP_SIGNALS)
+    ends a loop at the end of its step, resume point saved (run.saver)."""
 
     def __init__(self, cfg, script, argv, resume_config):
         self.cfg, self.script, self.argv, self.resume_config = cfg, script, argv, resume_config
+        configurator.check_open_files()
         start = cfg.get("init_from", "")
         self.folder = runfiles.RunFolder(cfg["out_dir"], script, cfg["overwrite"], start == "resume",
                                          reads=[start] if start not in ("", "resume") else [])
@@ -275,14 +279,14 @@ class Run:
                 "the last good") else ": run the same command again" if not self.begun else
                 ": start again with --overwrite=True")
             signum = self.signum or signal.SIGINT
-            raise Stopped(stop_word(signum), how, 128 + signum) from None
+            raise Stopped(STOP_WORD.get(signum, "terminated"), how, 128 + signum) from None
 
     def on_signal(self, signum, frame):
         """A stop signal: once the run has begun, the end of the step stops it, its resume point
         saved (tick); before, or at a second signal, now (if a finalizer swallows that, the flag stops it)."""
         first, self.signum = self.signum is None, self.signum or signum
         if not (first and self.begun):
-            raise KeyboardInterrupt(stop_word(self.signum))
+            raise KeyboardInterrupt(STOP_WORD.get(self.signum, "terminated"))
 
     def tick(self):
         """After each optimizer step: stop if a signal asked to (the loop's resume point
@@ -296,7 +300,7 @@ class Run:
         if stop:
             self.signum = self.signum or signal.SIGTERM                # another rank's signal
             self.saver()
-            raise KeyboardInterrupt(stop_word(self.signum))
+            raise KeyboardInterrupt(STOP_WORD.get(self.signum, "terminated"))
         halt = self.cfg.get("halt_after_steps", 0)
         if halt and self.steps >= halt:
             raise SystemExit(f"halted after {self.steps} steps (--halt_after_steps)")
@@ -323,7 +327,7 @@ class Run:
             self.log(**at, event="resume", changed=self.cfg["resumes"][-1])
         self.begun = True
         if self.signum:                                             # one came while it was starting
-            raise KeyboardInterrupt(stop_word(self.signum))
+            raise KeyboardInterrupt(STOP_WORD.get(self.signum, "terminated"))
 
     def log(self, file="log.jsonl", **record):
         """One record at the end of log.jsonl (or of `file`), on the master rank."""

@@ -3,6 +3,7 @@ checkout of this project (a few minutes on 2 cores; the fast tests of the same
 families are tests/test_reliability.py):
 
     python tests/reliability_cases.py REPO_DIR results.json
+    python tests/reliability_cases.py REPO_DIR results.json 5     # the fifth round alone
 
 Every case runs a real command in a fresh temporary folder and is classed as
 ok | traceback | silent (exit 0, or a wrong result, where an error or a specific
@@ -23,6 +24,7 @@ import torch
 
 REPO = os.path.abspath(sys.argv[1])
 RESULTS = os.path.abspath(sys.argv[2])
+ONLY = sys.argv[3] if len(sys.argv) > 3 else ""
 SPT = ["--task=synthetic", "--n_train=128", "--n_eval=64", "--batch_size=32", "--n_embd=16", "--n_head=2",
        "--epochs=1", "--pretrain_epochs=1", "--patience=0", "--log_every=1"]
 FLT = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
@@ -65,8 +67,12 @@ def main():
     rng = np.random.default_rng(0)
     open(text, "w").write(" ".join(rng.choice(["loop", "the", "norm", "key", "value"], size=800)))
     flt = FLT + [f"--data={text}"]
+    if ONLY == "5":
+        run("train_spt.py", SPT + ["--out_dir=spt_done"], work)
+        round_five(results, work, flt)
+        return tell(results)
 
-    spt_flags = ["--batch_size=-4", "--batch_size=0", "--grad_accum=0", "--log_every=0", "--epochs=0",
+    spt_flags = ["--batch_size=-4", "--batch_size=0", "--grad_accum=0", "--log_every=0", "--epochs=-1",
                  "--pretrain_epochs=-1", "--lr=nan", "--lr=1e309", "--save_epochs=abc", "--max_len=100",
                  "--device=cuda", "--n_head=3", "--n_train=10", "--init_from=nothing.pt", "--dropout=1.5",
                  "--warmup_frac=2.0", "--mask_ratio=0.0", "--max_hours=0.0"]
@@ -169,6 +175,12 @@ def main():
     round_two(results, work, flt)
     round_three(results, work, flt)
     round_four(results, work, flt)
+    round_five(results, work, flt)
+    tell(results)
+
+
+def tell(results):
+    """results.json, the counts per class, and every case that is not ok."""
     json.dump(results, open(RESULTS, "w"), indent=1)
     counts = {}
     for v in results.values():
@@ -604,6 +616,120 @@ def round_four(results, work, flt):
     results["4 --report refused before its table"] = classify(rc, o, wrong="| run |" in o)
     rc, o = run("train_flt.py", ["--compare=flt_done,spt_done", "--out_dir=cmp_new"], work)
     results["4 --compare refused before writing"] = classify(rc, o, wrong=os.path.exists("cmp_new"))
+
+
+def started(argv, cwd, marker, **kwargs):
+    """A script started in the background, once `marker` has appeared on its stderr."""
+    p = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), **kwargs)
+    seen, deadline = b"", time.time() + 120
+    while marker not in seen and time.time() < deadline and p.poll() is None:
+        seen += os.read(p.stderr.fileno(), 4096)
+    return p, seen
+
+
+def stopped_by(p, seen, sig, group=False):
+    """(exit status, stderr) after `sig` reaches p (or its process group)."""
+    (os.killpg if group else os.kill)(p.pid, sig)
+    try:
+        err = p.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None, "hang"
+    return p.returncode, (seen + err).decode(errors="replace")
+
+
+def shell(command, cwd, timeout=120):
+    """(exit status, output) of a shell line (for ulimit, pipes, odd paths)."""
+    try:
+        p = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PY=sys.executable, REPO=REPO))
+        return p.returncode, p.stderr + p.stdout
+    except subprocess.TimeoutExpired:
+        return None, "hang"
+
+
+def round_five(results, work, flt):
+    """The fifth audit (the 'Nothing lost, round four' replay): concurrency, signals
+    during data generation and with data workers, encodings, manifest paths, overwrite
+    with init_from, foreign checkpoints, resource limits, a broken terminal."""
+    spt, fl, S = os.path.join(REPO, "train_spt.py"), os.path.join(REPO, "train_flt.py"), " ".join(SPT)
+    F = " ".join(flt)
+    shutil.copytree("spt_done", "m_run")                                 # a manifest naming ../x
+    open("m_x", "w").write("the user's")
+    m = json.load(open("m_run/manifest.json"))
+    json.dump(dict(m, files=m["files"] + ["../m_x"]), open("m_run/manifest.json", "w"))
+    rc, o = run("train_spt.py", SPT + ["--out_dir=m_run", "--overwrite=True"], work)
+    results["5 a manifest naming ../x, then --overwrite"] = classify(rc, o, changed=not os.path.exists("m_x"))
+    shutil.copytree("spt_done", "ow_run")
+    before = fp("ow_run")
+    rc, o = run("train_spt.py", [a for a in SPT if not a.startswith("--pretrain_epochs")] +
+                ["--out_dir=ow_run", "--overwrite=True", "--init_from=ow_run/spt_best.pt"], work)
+    results["5 --overwrite with --init_from inside the folder"] = classify(rc, o, changed=fp("ow_run") != before)
+    run("train_flt.py", flt + ["--n_embd=16", "--out_dir=fc_small"], work)
+    run("train_flt.py", flt + ["--n_embd=32", "--out_dir=fc_big"], work)
+    shutil.copy("fc_small/ckpt.pt", "fc_big/ckpt.pt")
+    rc, o = run("train_flt.py", ["--out_dir=fc_big", "--init_from=resume"], work)
+    results["5 a foreign ckpt.pt copied in, then resume"] = classify(rc, o)
+    for i in range(3):                                                   # two runs on one folder at once
+        a, b = (subprocess.Popen([sys.executable, fl, *flt, "--max_steps=20", f"--out_dir=race{i}"], cwd=work,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2))
+        codes = sorted([a.wait(timeout=180), b.wait(timeout=180)])
+        steps = sum(1 for r in open(f"race{i}/log.jsonl") if '"loss"' in r)
+        ok = codes[0] == 0 and codes[1] != 0 and steps == 20
+        results[f"5 two train_flt.py on one folder at once ({i + 1})"] = "ok" if ok else "silent"
+    gen = [spt, "--task=pathfinder", "--depth=1", "--n_generate=100000", "--data_dir=g_data", "--out_dir=g_run"]
+    rc, o = stopped_by(*started(gen, work, b"250/100000"), signal.SIGTERM)
+    results["5 SIGTERM during PathFinder generation"] = classify(rc, o, wrong=rc != 143 or os.path.exists("g_run")
+                                                                 or "KeyboardInterrupt" in o)
+    for sig, code in ((signal.SIGHUP, 129), (signal.SIGUSR1, 138)):
+        out = f"sig{code}"
+        p, seen = started([spt, *SPT, "--n_train=4096", "--batch_size=8", f"--out_dir={out}"], work, b"loss=")
+        rc, o = stopped_by(p, seen, sig)
+        results[f"5 {sig.name} mid-run"] = classify(rc, o, wrong=rc != code or os.path.exists(f"{out}/run.lock")
+                                                    or not os.path.exists(f"{out}/ckpt.pt"))
+    p, seen = started([spt, "--task=synthetic", "--num_workers=2", "--epochs=20", "--pretrain_epochs=0", "--n_embd=16",
+                       "--n_head=2", "--out_dir=pg_run"], work, b"finetune epoch 1/20:  ", start_new_session=True)
+    rc, o = stopped_by(p, seen, signal.SIGTERM, group=True)
+    results["5 SIGTERM to the process group, 2 data workers"] = classify(rc, o, wrong=rc != 143 or
+                                                                         not os.path.exists("pg_run/ckpt.pt"))
+    cases = {   # name: (shell line, what must hold besides no traceback)
+        "5 ulimit -n 14, PathFinder generation": (f'ulimit -n 14; "$PY" {spt} --task=pathfinder --depth=1 '
+                                                  f'--n_generate=1000 --data_dir=u_data --out_dir=u_run', "error"),
+        "5 ulimit -n 8": (f'ulimit -n 8; "$PY" {spt} {S} --out_dir=u8', "error"),
+        "5 PYTHONIOENCODING=ascii, a non-ASCII --out_dir": (f'PYTHONIOENCODING=ascii "$PY" {spt} {S} '
+                                                            f'--out_dir=dé', "runs"),
+        "5 an --out_dir holding the byte 0xff": (f'"$PY" {spt} {S} --out_dir=$(printf "x\\xff")', "error"),
+        "5 an --out_dir that is a dangling link": (f'ln -s nowhere dang; "$PY" {spt} {S} --out_dir=dang', "error"),
+        "5 --out_dir= (empty), train_flt.py": (f'"$PY" {fl} {F} --out_dir=', "error"),
+        "5 --data_dir equal to --out_dir": (f'"$PY" {spt} --task=pathfinder --n_generate=200 --data_dir=ddo '
+                                            f'--out_dir=ddo', "error"),
+        "5 summary.json replaced by a folder, then --overwrite": (
+            f'cp -r spt_done sf && rm sf/summary.json && mkdir sf/summary.json && "$PY" {spt} {S} --out_dir=sf '
+            f'--overwrite=True', "error"),
+        "5 train_flt.py --lr=1e9": (f'"$PY" {fl} {F} --lr=1e9 --out_dir=lr9; test $? = 2', "runs"),
+        "5 --batch_size=1000000 under ulimit -v": (f'ulimit -v 6000000; "$PY" {fl} {F} --batch_size=1000000 '
+                                                   f'--out_dir=bs; rc=$?; test -e bs && exit 9; exit $rc', "error"),
+        "5 resume after log.jsonl was deleted": (f'"$PY" {spt} {S} --epochs=3 --halt_after_steps=6 --out_dir=ld; '
+                                                 f'rm ld/log.jsonl; "$PY" {spt} --out_dir=ld --init_from=resume',
+                                                 "error"),
+        "5 | head -1": (f'"$PY" {spt} {S} --out_dir=hd | head -1; test ${{PIPESTATUS[0]}} = 0 -a -e hd/summary.json',
+                        "runs"),
+        "5 stdout on /dev/full": (f'"$PY" {spt} {S} --out_dir=fo > /dev/full && test -e fo/summary.json', "runs"),
+        "5 stderr on /dev/full": (f'"$PY" {spt} {S} --out_dir=fe 2> /dev/full && test -e fe/summary.json', "runs"),
+        "5 the main command's first screen": (f'"$PY" {spt} --task=pathfinder --depth=1 --n_generate=2000 '
+                                              f'--halt_after_steps=2 --data_dir=fs_data --out_dir=fs', "halted"),
+    }
+    for name, (line, want) in cases.items():
+        rc, o = shell(line, work, timeout=60 if "ulimit -n" in line else 240)
+        wrong = not one_line_error(rc, o) if want == "error" else rc != 0 if want == "runs" else \
+            "halted after 2 steps" not in o
+        results[name] = classify(rc, o, expect_error=want == "error", wrong=wrong)
+    rc, o = inproc("train_spt", SPT + ["--out_dir=fd_run"], "torch.save = lambda *a, **k: (_ for _ in ()).throw("
+                   "RuntimeError('PytorchStreamWriter failed writing file')); runfiles.shutil.disk_usage = "
+                   "lambda p: types.SimpleNamespace(free=0)")
+    results["5 a full disk before the first checkpoint"] = classify(rc, o, wrong="resume" in o or
+                                                                    not one_line_error(rc, o))
 
 
 main()

@@ -242,12 +242,14 @@ def test_a_users_file_named_like_a_temp_file_is_never_removed(tmp_path):
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    """Before the first checkpoint: the advice is to start again (resume would find none)."""
     def full(*a, **k):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
     monkeypatch.setattr(torch, "save", full)
     monkeypatch.setattr(runfiles.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=0))
     status, message = cli(train_spt, *SPT, f"--out_dir={tmp_path}/o")
     assert status == 1 and "no space left to write" in message
+    assert "start it again with --overwrite=True" in message and "resume" not in message
     assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(runfiles._TMP_PREFIX)]
 
 
@@ -879,3 +881,125 @@ def test_data_generation_cut_by_sigterm_leaves_no_worker_traceback_and_no_folder
     err = (seen + p.communicate(timeout=60)[1]).decode()
     assert p.returncode == 143 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "run the same command again" in err and not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_a_run_whose_log_is_gone_in_both_scripts(tmp_path, text_file):
+    spt, flt = tmp_path / "spt", tmp_path / "flt"
+    assert cli(train_spt, *SPT, "--epochs=3", "--halt_after_steps=6", f"--out_dir={spt}")[0] == 1
+    assert cli(train_flt, *FLT, f"--data={text_file}", "--max_steps=6", "--stop_step=2", f"--out_dir={flt}")[0] == 0
+    for script, out in ((train_spt, spt), (train_flt, flt)):
+        os.remove(out / "log.jsonl")
+        before = fingerprint(out)
+        status, message = cli(script, f"--out_dir={out}", "--init_from=resume")
+        assert status == 1 and "log.jsonl is gone" in message and fingerprint(out) == before
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: "", "--out_dir is empty"),
+    (lambda d: (os.symlink(d / "nowhere", d / "link"), str(d / "link"))[1], "which does not exist"),
+    (lambda d: os.fsdecode(os.fsencode(str(d)) + b"/x\xff"), "holds bytes that are not UTF-8"),
+])
+def test_an_out_dir_that_cannot_hold_a_run_is_one_line_and_nothing_is_made(tmp_path, make, words):
+    out = make(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    for script, flags in ((train_spt, SPT), (train_flt, FLT))[1 if out == "" else 0:]:   # spt: "" = its own name
+        status, message = cli(script, *flags, f"--out_dir={out}")
+        assert status == 1 and words in message and "\n" not in message
+        assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_data_folder_that_is_the_run_folder_is_refused_at_the_start(tmp_path):
+    out = tmp_path / "same"
+    status, message = cli(train_spt, "--task=pathfinder", "--n_generate=200", f"--data_dir={out}", f"--out_dir={out}")
+    assert status == 1 and "give the data and the run separate folders" in message and not out.exists()
+
+
+def test_a_result_file_replaced_by_a_folder_is_refused_before_any_work(finished_spt, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_spt, run)
+    os.remove(run / "summary.json")
+    os.mkdir(run / "summary.json")
+    before = fingerprint(run)
+    status, message = cli(train_spt, *SPT, f"--out_dir={run}", "--overwrite=True")
+    assert status == 1 and "summary.json is a folder where the run writes a file" in message
+    assert fingerprint(run) == before and (run / "summary.json").is_dir()
+
+
+def test_an_exploding_residual_stream_stops_the_run_as_a_nan_does(tmp_path, text_file):
+    """--lr=1e9: the residual norms overflow to inf while the loss (after the final norm)
+    stays finite; the guard stops the run there, and the summary is written (exit 2)."""
+    out = tmp_path / "o"
+    cli(train_flt, *FLT, f"--data={text_file}", "--lr=1e9", f"--out_dir={out}")    # in-process: no exit status
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["diverged_reason"] == "nan" and summary["nan_step"] >= 1
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_any_work(tmp_path, text_file, monkeypatch):
+    import configurator
+    monkeypatch.setattr(configurator, "memory_available", lambda: 2**30)
+    status, message = cli(train_flt, *FLT, f"--data={text_file}", "--batch_size=1000000", f"--out_dir={tmp_path}/o")
+    assert status == 1 and "lower --batch_size" in message and not (tmp_path / "o").exists()
+
+
+def run_script(argv, tmp_path, limit_files=None, **kwargs):
+    """A script as a user runs it, in a subprocess (optionally under `ulimit -n`)."""
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit_files, limit_files))
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          preexec_fn=limit if limit_files else None, text=True, **kwargs)
+
+
+def test_the_main_commands_first_screen_has_no_traceback(tmp_path):
+    """README's main command on a small PathFinder: the pool generates it, and the
+    screen shows no worker's traceback (they used to inherit the run's signal handler)."""
+    p = run_script(["train_spt.py", "--task=pathfinder", "--depth=1", "--n_generate=2000", "--halt_after_steps=2",
+                    f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"], tmp_path,
+                   capture_output=True, timeout=240)
+    assert "halted after 2 steps" in p.stderr and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("files", [12, 48])
+def test_a_low_open_file_limit_ends_within_a_minute_in_one_line_or_a_run(tmp_path, files):
+    """Under `ulimit -n 12` a run is refused first, in one line; at 48 PathFinder is
+    generated with the workers the limit leaves room for, and the run goes on."""
+    p = run_script(["train_spt.py", "--task=pathfinder", "--depth=1", "--n_generate=1000", "--halt_after_steps=1",
+                    f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"], tmp_path, files,
+                   capture_output=True, timeout=60)
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert ("ulimit -n" in p.stderr and not (tmp_path / "run").exists()) if files == 12 else \
+        "halted after 1 steps" in p.stderr
+
+
+@pytest.mark.parametrize("how", ["closed pipe", "full stdout", "full stderr", "ascii terminal"])
+def test_a_broken_or_narrow_terminal_never_stops_training(tmp_path, how):
+    out = tmp_path / ("dé" if how == "ascii terminal" else "run")
+    argv = ["train_spt.py", *SPT, f"--out_dir={out}"]
+    if how == "closed pipe":                                     # `| head -1`, read end closed first
+        read, write = os.pipe()
+        os.close(read)
+        p = run_script(argv, tmp_path, stdout=write, stderr=subprocess.DEVNULL)
+        os.close(write)
+    elif how == "ascii terminal":
+        p = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONIOENCODING="ascii"))
+    else:
+        with open("/dev/full", "w") as full:
+            p = run_script(argv, tmp_path, **{"stdout" if how == "full stdout" else "stderr": full})
+    assert p.returncode == 0 and (out / "summary.json").exists()
+
+
+def test_sigterm_to_the_process_group_with_data_workers_saves_the_resume_point(tmp_path):
+    """A cluster's SIGTERM reaches every process of the job: the DataLoader workers leave
+    it to the run, which ends its step, saves ckpt.pt and exits 143, with no traceback."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "train_spt.py", "--task=synthetic", "--num_workers=2", "--epochs=20",
+                          "--pretrain_epochs=0", "--n_embd=16", "--n_head=2", f"--out_dir={out}"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    seen, deadline = b"", time.time() + 120
+    while seen.count(b"it/s") < 3 and time.time() < deadline and p.poll() is None:
+        seen += os.read(p.stderr.fileno(), 4096)                  # a few steps of finetuning have run
+    os.killpg(p.pid, signal.SIGTERM)
+    err = (seen + p.communicate(timeout=60)[1]).decode()
+    assert p.returncode == 143 and "Traceback" not in err and load_checkpoint(out / "ckpt.pt")["step"] >= 1
