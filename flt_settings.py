@@ -39,7 +39,7 @@ MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
 # checkpoint's config. Of the flags given with it, these are applied and recorded in config.json
 # and log.jsonl (they cannot change what was computed so far); any other that differs is refused.
 RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "eval_interval", "ckpt_interval",
-               "stop_step", "sample_tokens", "device", "dtype", "compile", "debug")
+               "stop_step", "sample_tokens", "block_grads_every", "device", "dtype", "compile", "debug")
 
 
 def get_config(defaults, argv, doc):
@@ -91,7 +91,7 @@ def check_config(cfg, explicit):
                                              "unembedding_lr", "lr_mult", "adam_eps", "eval_interval",
                                              "eval_batches", "ckpt_interval", "vocab_size", "listops_val"),
                               nonnegative=("warmup_steps", "weight_decay", "grad_clip", "test_loops", "stop_step",
-                                           "sample_tokens", "softcap", "lm_head_std"),
+                                           "sample_tokens", "softcap", "lm_head_std", "block_grads_every"),
                               fractions=("beta1", "beta2", "warmdown_frac", "min_lr_frac"),
                               counts=("listops_examples", "listops_val"))
     d = cfg["n_embd"]

@@ -75,6 +75,8 @@ DEFAULTS = dict(
     eval_interval=100,       # val loss on the eval set every this many steps (the curve the collapse rule reads)
     eval_batches=20,         # byte/token data: the eval set is eval_batches * batch_size fixed windows
     osc_steps=200,           # N of the gradient volatility and oscillation statistics
+    block_grads_every=1,     # log the per-(loop, block) gradient norms every N steps (0 = never; the statistics
+                             # above read every step's total norm, never these)
     reference="",            # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
     test_loops=0,            # the test-time loop curve's length (0 = max(2 * n_loops, 12); at least n_loops)
     ckpt_interval=200,
@@ -177,8 +179,8 @@ class BlockGradRecorder:
             for kind, module in zip(self.KINDS, (block, block.attn, block.mlp)):
                 module.register_forward_hook(lambda m, args, out, key=(kind, i): self._forward(key, out))
 
-    def start(self, n_loops, n_layer):          # before each step
-        self.sums = {k: np.zeros((n_loops, n_layer)) for k in self.KINDS} if self.enabled else None
+    def start(self, n_loops, n_layer, on=True):   # before each step; on=False: nothing this step
+        self.sums = {k: np.zeros((n_loops, n_layer)) for k in self.KINDS} if self.enabled and on else None
 
     def next_micro(self):                      # before each micro-batch's forward
         self.calls = {}
@@ -293,7 +295,7 @@ def train(run, raw, optimizers, base_lrs, data):
     for it in pbar:
         set_schedules(optimizers, base_lrs, it, cfg)
         loss_sum, res_norms = 0.0, torch.zeros(n_loops, device=rt.device)
-        recorder.start(n_loops, len(raw.blocks))
+        recorder.start(n_loops, len(raw.blocks), on=cfg["block_grads_every"] > 0 and it % cfg["block_grads_every"] == 0)
         for micro in range(n_micro):
             # a pure function of (seed, step, micro-step, rank): a resumed run draws the same batches
             x, y = get_batch(data["train"], cfg, it, micro, rt.rank, device=rt.device)

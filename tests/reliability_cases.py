@@ -702,8 +702,8 @@ def round_five(results, work, flt):
         "5 an --out_dir holding the byte 0xff": (f'"$PY" {spt} {S} --out_dir=$(printf "x\\xff")', "error"),
         "5 an --out_dir that is a dangling link": (f'ln -s nowhere dang; "$PY" {spt} {S} --out_dir=dang', "error"),
         "5 --out_dir= (empty), train_flt.py": (f'"$PY" {fl} {F} --out_dir=', "error"),
-        "5 --data_dir equal to --out_dir": (f'"$PY" {spt} --task=pathfinder --n_generate=200 --data_dir=ddo '
-                                            f'--out_dir=ddo', "error"),
+        "5 --data_dir equal to --out_dir": (f'"$PY" {spt} --task=pathfinder --n_generate=200 --depth=1 --epochs=1 '
+                                            f'--pretrain_epochs=0 --data_dir=ddo --out_dir=ddo', "error"),
         "5 summary.json replaced by a folder, then --overwrite": (
             f'cp -r spt_done sf && rm sf/summary.json && mkdir sf/summary.json && "$PY" {spt} {S} --out_dir=sf '
             f'--overwrite=True', "error"),

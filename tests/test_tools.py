@@ -413,3 +413,18 @@ def test_rescue_runs_small_records_each_run_then_reports_from_the_records(tmp_pa
     assert (tmp_path / "report" / "rescue_attention_2d.png").exists()
     rescue.main(args)
     assert "start:" not in capsys.readouterr().out                        # nothing run again
+
+
+def test_flt_speed_times_the_variants_side_by_side_and_checks_their_losses(tmp_path, capsys):
+    """tools/flt_speed.py at a tiny size: every variant gets a time, a ratio to today's
+    step and a loss check, and the profiler's split of today's step adds up."""
+    import json
+    from tools import flt_speed
+    text = tmp_path / "tiny.txt"
+    text.write_text(" ".join(["loop", "the", "norm", "key", "value"] * 600))
+    flt_speed.main([f"--data={text}", "--steps=7", "--rounds=1", "--compile=False", "--loops=2", f"--out={tmp_path}"])
+    shown = capsys.readouterr().out
+    result = json.loads((tmp_path / "flt_speed.json").read_text())
+    assert set(result["rows"]) == {"today", "hooks/10", "no hooks"} and result["rows"]["today"]["ratio"] == 1.0
+    assert all(r["max_loss_diff"] < 5e-4 for r in result["rows"].values()) and "agree to 3 decimals" in shown
+    assert all(v > 0 for v in list(result["profile"].values())[:2]) and "the hooks (today - no hooks)" in shown

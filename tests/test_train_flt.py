@@ -289,6 +289,24 @@ def test_hooks_record_the_gradient_of_every_block_output_per_loop():
         h.remove()
 
 
+
+def test_block_gradients_every_nth_step_keep_the_losses_and_the_statistics(tmp_path, text_file):
+    """--block_grads_every=N (the window's speed-up candidate): the hooks only record, so
+    50 steps give the same losses to 3 decimals (here: exactly) and the same gradient
+    statistics (they read every step's total norm); the per-(loop, block) norms are
+    logged at steps 1, N+1, 2N+1, ... only."""
+    logs = {}
+    for every in (1, 5):
+        out, _ = run(tmp_path, text_file, f"every{every}", "--max_steps=50", "--osc_steps=50",
+                     f"--block_grads_every={every}")
+        logs[every] = [r for r in read_log(out) if "loss" in r]
+        summary = json.loads(open(os.path.join(out, "summary.json")).read())
+        logs[every, "stats"] = [summary[k] for k in ("grad_volatility", "grad_dlog_ac1", "grad_zigzag")]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(logs[1], logs[5])) < 5e-4 and len(logs[5]) == 50
+    assert logs[1, "stats"] == logs[5, "stats"]
+    assert [r["step"] for r in logs[5] if "out_grad_norms" in r] == list(range(1, 51, 5))
+    assert all("out_grad_norms" in r for r in logs[1])
+
 H = 3.28                                                   # unigram entropy of the byte corpus
 REFERENCE = [2.95, 2.45, 2.20, 2.05, 1.95, 1.86]           # the 1-loop run's val curve, at steps 50..250
 
