@@ -693,26 +693,28 @@ def round_five(results, work, flt):
     rc, o = stopped_by(p, seen, signal.SIGTERM, group=True)
     results["5 SIGTERM to the process group, 2 data workers"] = classify(rc, o, wrong=rc != 143 or
                                                                          not os.path.exists("pg_run/ckpt.pt"))
-    cases = {   # name: (shell line, what must hold besides no traceback)
+    cases = {   # name: (shell line, what must hold besides no traceback: "runs", "halted", or an error's words)
         "5 ulimit -n 14, PathFinder generation": (f'ulimit -n 14; "$PY" {spt} --task=pathfinder --depth=1 '
-                                                  f'--n_generate=1000 --data_dir=u_data --out_dir=u_run', "error"),
-        "5 ulimit -n 8": (f'ulimit -n 8; "$PY" {spt} {S} --out_dir=u8', "error"),
+                                                  f'--n_generate=1000 --data_dir=u_data --out_dir=u_run', "ulimit -n"),
+        "5 ulimit -n 8": (f'ulimit -n 8; "$PY" {spt} {S} --out_dir=u8', "ulimit -n"),
         "5 PYTHONIOENCODING=ascii, a non-ASCII --out_dir": (f'PYTHONIOENCODING=ascii "$PY" {spt} {S} '
                                                             f'--out_dir=dé', "runs"),
-        "5 an --out_dir holding the byte 0xff": (f'"$PY" {spt} {S} --out_dir=$(printf "x\\xff")', "error"),
-        "5 an --out_dir that is a dangling link": (f'ln -s nowhere dang; "$PY" {spt} {S} --out_dir=dang', "error"),
-        "5 --out_dir= (empty), train_flt.py": (f'"$PY" {fl} {F} --out_dir=', "error"),
+        "5 an --out_dir holding the byte 0xff": (f'"$PY" {spt} {S} --out_dir=$(printf "x\\xff")', "not UTF-8"),
+        "5 an --out_dir that is a dangling link": (f'ln -s nowhere dang; "$PY" {spt} {S} --out_dir=dang',
+                                                   "does not exist"),
+        "5 --out_dir= (empty), train_flt.py": (f'"$PY" {fl} {F} --out_dir=', "--out_dir is empty"),
         "5 --data_dir equal to --out_dir": (f'"$PY" {spt} --task=pathfinder --n_generate=200 --depth=1 --epochs=1 '
-                                            f'--pretrain_epochs=0 --data_dir=ddo --out_dir=ddo', "error"),
+                                            f'--pretrain_epochs=0 --data_dir=ddo --out_dir=ddo', "separate folders"),
         "5 summary.json replaced by a folder, then --overwrite": (
             f'cp -r spt_done sf && rm sf/summary.json && mkdir sf/summary.json && "$PY" {spt} {S} --out_dir=sf '
-            f'--overwrite=True', "error"),
+            f'--overwrite=True', "is a folder where the run writes a file"),
         "5 train_flt.py --lr=1e9": (f'"$PY" {fl} {F} --lr=1e9 --out_dir=lr9; test $? = 2', "runs"),
         "5 --batch_size=1000000 under ulimit -v": (f'ulimit -v 6000000; "$PY" {fl} {F} --batch_size=1000000 '
-                                                   f'--out_dir=bs; rc=$?; test -e bs && exit 9; exit $rc', "error"),
+                                                   f'--out_dir=bs; rc=$?; test -e bs && exit 9; exit $rc',
+                                                   "lower --batch_size"),
         "5 resume after log.jsonl was deleted": (f'"$PY" {spt} {S} --epochs=3 --halt_after_steps=6 --out_dir=ld; '
                                                  f'rm ld/log.jsonl; "$PY" {spt} --out_dir=ld --init_from=resume',
-                                                 "error"),
+                                                 "log.jsonl is gone"),
         "5 | head -1": (f'"$PY" {spt} {S} --out_dir=hd | head -1; test ${{PIPESTATUS[0]}} = 0 -a -e hd/summary.json',
                         "runs"),
         "5 stdout on /dev/full": (f'"$PY" {spt} {S} --out_dir=fo > /dev/full && test -e fo/summary.json', "runs"),
@@ -722,9 +724,10 @@ def round_five(results, work, flt):
     }
     for name, (line, want) in cases.items():
         rc, o = shell(line, work, timeout=60 if "ulimit -n" in line else 240)
-        wrong = not one_line_error(rc, o) if want == "error" else rc != 0 if want == "runs" else \
-            "halted after 2 steps" not in o
-        results[name] = classify(rc, o, expect_error=want == "error", wrong=wrong)
+        error = want not in ("runs", "halted")
+        wrong = rc != 0 if want == "runs" else "halted after 2 steps" not in o if want == "halted" else \
+            not one_line_error(rc, o) or want not in o
+        results[name] = classify(rc, o, expect_error=error, wrong=wrong)
     rc, o = inproc("train_spt", SPT + ["--out_dir=fd_run"], "torch.save = lambda *a, **k: (_ for _ in ()).throw("
                    "RuntimeError('PytorchStreamWriter failed writing file')); runfiles.shutil.disk_usage = "
                    "lambda p: types.SimpleNamespace(free=0)")
