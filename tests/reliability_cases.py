@@ -260,7 +260,7 @@ def round_two(results, work, flt):
     for name, script, args in (("spt --device=mps", "train_spt.py", SPT + ["--device=mps", "--out_dir=mps"]),
                                ("flt --device=mps", "train_flt.py", flt + ["--device=mps", "--out_dir=mps"]),
                                ("spt --freeze=all", "train_spt.py", SPT + ["--freeze=all", "--out_dir=frz"]),
-                               ("bench --only=bogus", "bench.py", ["--only=bogus"])):
+                               ("bench --only=bogus", "tools/bench.py", ["--only=bogus"])):
         rc, o = run(script, args, work)
         results[f"2 {name}"] = classify(rc, o, wrong=not one_line_error(rc, o) or os.path.exists("frz"))
     rc, o, slow = timed("train_spt.py", SPT + ["--n_embd=10000000", "--n_head=1", "--out_dir=huge"], work, 20)
@@ -455,7 +455,7 @@ def round_three(results, work, flt):
     results["3 --report on one run writes nothing into its parent"] = classify(
         rc, o, expect_error=False, changed=os.listdir("parent") != ["myrun"])
     open("mine.json", "w").write("{}")
-    rc, o = run("bench.py", ["--only=data", "--quick", "--out=mine.json"], work)
+    rc, o = run("tools/bench.py", ["--only=data", "--quick", "--out=mine.json"], work)
     results["3 bench.py --out over a file it did not write"] = classify(rc, o, changed=not same_text("mine.json", "{}"))
     os.makedirs("cmpfig", exist_ok=True)
     open("cmpfig/flt_loss.png", "w").write("the user's")
@@ -524,9 +524,9 @@ def round_three_bounds(results, work, flt, spt_r):
              ("spt --epochs=<401 digits>", "train_spt.py", SPT + ["--epochs=" + "9" * 401, "--out_dir=b3"]),
              ("out_dir component of 300 bytes", "train_spt.py", SPT + ["--out_dir=" + "x" * 300]),
              ("flt --evaluate --test_loops=-5", "train_flt.py", ["--evaluate=flt_done", "--test_loops=-5"]),
-             ("bench.py --threads=-1", "bench.py", ["--threads=-1", "--out=b.json"]),
-             ("bench.py --peak_flops=-5", "bench.py", ["--peak_flops=-5", "--out=b.json"]),
-             ("bench.py --reps=-3", "bench.py", ["--reps=-3", "--out=b.json"]),
+             ("bench.py --threads=-1", "tools/bench.py", ["--threads=-1", "--out=b.json"]),
+             ("bench.py --peak_flops=-5", "tools/bench.py", ["--peak_flops=-5", "--out=b.json"]),
+             ("bench.py --reps=-3", "tools/bench.py", ["--reps=-3", "--out=b.json"]),
              ("data_lra.py pathfinder --n=10**12", "data_lra.py", ["--task=pathfinder", "--generate",
                                                                    "--n=1000000000000"]),
              ("flt --evaluate on an SPT run", "train_flt.py", ["--evaluate=spt_done"]),
@@ -536,7 +536,7 @@ def round_three_bounds(results, work, flt, spt_r):
              ("spt --init_from an FLT checkpoint", "train_spt.py", SPT + [
                  "--pretrain_epochs=0", "--init_from=flt_done/ckpt.pt", "--out_dir=wflt"])]
     if not torch.cuda.is_available():
-        cases.append(("bench.py --device=cuda without CUDA", "bench.py", ["--device=cuda", "--out=b.json"]))
+        cases.append(("bench.py --device=cuda without CUDA", "tools/bench.py", ["--device=cuda", "--out=b.json"]))
     os.symlink("sl", "sl") if not os.path.lexists("sl") else None
     cases.append(("--data_dir that links to itself", "train_spt.py", [
         "--task=listops", "--n_generate=100", "--data_dir=sl", "--out_dir=sl_run"]))

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-import bench
+from tools import bench
 
 
 def test_throughput_row_gives_both_models_and_the_ratio():

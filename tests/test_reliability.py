@@ -591,7 +591,7 @@ def test_report_never_replaces_a_file_it_did_not_write(finished_spt, tmp_path, m
 
 
 def test_compare_and_bench_never_replace_a_file_they_did_not_write(tmp_path, text_file):
-    import bench
+    from tools import bench
     run = tmp_path / "a"
     assert cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={run}")[0] == 0
     figures = tmp_path / "figures"

@@ -3,11 +3,11 @@ Benchmarks: is this code as fast as what one would write with torch.nn, and do
 paper-scale runs fit one device? Prints a markdown table per section and writes
 every number into bench.json.
 
-  python bench.py                              # everything, ~9 min on 2 CPU cores
-  python bench.py --quick                      # reduced sizes, under 1 minute
-  python bench.py --only=throughput,memory     # some sections only
-  python bench.py --only=cuda --compile=True   # on a GPU: tokens/s and MFU, bf16
-  python bench.py --help                       # every key and its default
+  python tools/bench.py                              # everything, ~9 min on 2 CPU cores
+  python tools/bench.py --quick                      # reduced sizes, under 1 minute
+  python tools/bench.py --only=throughput,memory     # some sections only
+  python tools/bench.py --only=cuda --compile=True   # on a GPU: tokens/s and MFU, bf16
+  python tools/bench.py --help                       # every key and its default
 
 Sections (--only, comma list):
   throughput  training step (forward + backward + AdamW) of model.py's Transformer
@@ -45,9 +45,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import configurator
-import runfiles
-from model import Transformer, TransformerConfig, sinusoidal_table
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import configurator  # noqa: E402
+import runfiles  # noqa: E402
+from model import Transformer, TransformerConfig, sinusoidal_table  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
