@@ -24,8 +24,6 @@ import sys
 
 import torch
 
-# The cap on examples and the RAM reader live in data_lra.py, which copies alone (with pathfinder.py)
-from data_lra import MAX_EXAMPLES as MAX_COUNT, memory_available
 
 # What a user can cause: a bad flag, a missing or malformed file, a folder in use, a
 # run that diverged. Anything else is a bug in this code and keeps its traceback.
@@ -34,6 +32,7 @@ USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsErro
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)   # a disk that takes no more writes
 LIMITS = (errno.EMFILE, errno.ENFILE)        # too many open files: `ulimit -n` is too low
 BAD_PATH = (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)   # a path that links to itself, runs through a file, ...
+MAX_COUNT = 10**7         # examples to make or read at most: 50x LRA's largest split
 MAX_SEED = 2**31 - 1      # every generator here (torch, numpy, Python) accepts it
 MAX_INT = 2**63 - 1       # any integer flag: what numpy and torch can hold
 NAME_MAX, PATH_MAX = 255, 4096   # bytes in one component of a path, and in a whole path (Linux)
@@ -265,6 +264,24 @@ def check_own_checkpoint(saved, out_dir, free):
             raise ValueError(f"{os.path.join(out_dir, 'ckpt.pt')} is not the run of this folder: its {k} is "
                              f"{saved[k]!r}, {os.path.join(out_dir, 'config.json')} says {folder[k]!r}. A "
                              f"checkpoint resumes only in its own run's folder: copy the whole folder, not ckpt.pt")
+
+
+def memory_available():
+    """Bytes of RAM the kernel says can be had without swapping (MemAvailable), or less
+    where this process's address space is capped (ulimit -v) nearer its present size."""
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        import resource
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return free
+    return free if cap == resource.RLIM_INFINITY else max(0, min(free, cap - size))
 
 
 def check_memory(n_params, device, batch_values=0, bytes_per_param=16):

@@ -1041,25 +1041,13 @@ def parse_args(argv):
     return cfg
 
 
-MAX_EXAMPLES = 10**7     # examples to make or read at most: 50x LRA's largest split (configurator.MAX_COUNT)
+try:                     # the examples' cap and the RAM reader are the flag checker's (configurator.py);
+    from configurator import MAX_COUNT as MAX_EXAMPLES, memory_available
+except ImportError:      # copied alone (with pathfinder.py): the same cap, and the pages the kernel calls free
+    MAX_EXAMPLES = 10**7
 
-
-def memory_available():
-    """Bytes of RAM the kernel says can be had without swapping (MemAvailable), or less
-    where this process's address space is capped (ulimit -v) nearer its present size."""
-    try:
-        with open("/proc/meminfo") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        import resource
-        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-        with open("/proc/self/status") as f:
-            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
-    except (ImportError, OSError, StopIteration, ValueError):
-        return free
-    return free if cap == resource.RLIM_INFINITY else max(0, min(free, cap - size))
+    def memory_available():
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_generate(task, n, resolution=None, flag="--n_generate"):

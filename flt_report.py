@@ -48,7 +48,6 @@ from types import SimpleNamespace
 import numpy as np
 
 import runfiles
-from analysis import save_figure
 from training import read_log
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
@@ -609,3 +608,12 @@ def grad_flow_table(runs, kind="out"):
         rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | "
                     f"{' '.join(f'{1e3 * v:.1f}' for v in per_loop)} | {per_loop[0] / max(per_loop[-1], 1e-30):.2g} |")
     return rows
+
+
+def save_figure(plt, fig, path, dpi):
+    """The PNG written atomically (runfiles.write_file: a temp file, then a rename; the
+    folder's manifest lists it), then the figure closed."""
+    try:
+        runfiles.write_file(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
+    finally:
+        plt.close(fig)
