@@ -17,11 +17,10 @@ config.json, log.jsonl, summary.json, checkpoints and figures into out_dir, with
 the attention's proximity statistics (analysis.py). The flags are DEFAULTS below;
 Amos et al.'s per-task values and the named presets are in spt_settings.py.
 
-Read top to bottom: the flags, the data, the two objectives (MaskedReconstruction
-is SPT), hybrid initialisation and freezing, train_phase (the loop) and the Phase it
-hangs on, evaluate, main. The run itself is training.Run's: an out_dir that holds
-another run is refused, --init_from=resume continues exactly, Ctrl-C or SIGTERM
-saves the resume point, a NaN or inf loss or gradient stops the run (NonFiniteGuard).
+Read top to bottom: the flags, the data, the two objectives (MaskedReconstruction is
+SPT), hybrid initialisation and freezing, train_phase (the loop) and its Phase, evaluate,
+main. The run itself is training.Run's: a folder holding another run is refused, a stop
+signal saves the resume point, --init_from=resume continues exactly, a NaN stops the run.
 """
 
 import math
@@ -147,7 +146,7 @@ def batch_order_seed(seed, epoch, spt):
     return seed * BATCH_SEED_STRIDE + 2 * epoch + int(spt)
 
 
-def epoch_batches(n, cfg, rt, seed):
+def rank_batches(n, cfg, rt, seed):
     """This rank's micro-batches (lists of indices) for one epoch. The order depends
     only on `seed`, so a resumed run sees the same batches. Optimizer step s uses
     global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size, split
@@ -159,10 +158,13 @@ def epoch_batches(n, cfg, rt, seed):
     batches = []
     for s in range(n // G):
         chunk = perm[s * G:(s + 1) * G]
-        for k in range(cfg["grad_accum"]):
-            start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
-            batches.append(chunk[start:start + cfg["batch_size"]])
+        batches += [chunk[micro_row(k, cfg, rt):][:cfg["batch_size"]] for k in range(cfg["grad_accum"])]
     return batches
+
+
+def micro_row(k, cfg, rt):
+    """The first row of this rank's micro-batch k in the step's batch (its examples, its mask rows)."""
+    return (k * rt.world_size + rt.rank) * cfg["batch_size"]
 
 
 def to_device(batch, rt):
@@ -260,10 +262,14 @@ def freeze(model, which):
     if which == "none":
         return []
     names = select_params(model, which)
-    for name, p in model.named_parameters():
-        if name in names:
-            p.requires_grad_(False)
+    trainable([p for name, p in model.named_parameters() if name in names], False)
     return names
+
+
+def trainable(params, on):
+    """The one place requires_grad is switched (freeze; the head a phase does not use)."""
+    for p in params:
+        p.requires_grad_(on)
 
 
 # -----------------------------------------------------------------------------
@@ -288,7 +294,7 @@ def train_phase(name, model, train_ds, val_ds, run):
                     if k == 0:
                         step_hide = draw_hidden((p.global_batch, *tokens.shape[1:-1], train_ds.max_len),
                                                 cfg["mask_ratio"], p.mask_gen)
-                    start = (k * rt.world_size + rt.rank) * cfg["batch_size"]
+                    start = micro_row(k, cfg, rt)
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
                     loss = p.train_obj(tokens, pad_mask, hide.to(rt.device))
                 else:                                                    # classify
@@ -307,8 +313,7 @@ def train_phase(name, model, train_ds, val_ds, run):
         if p.end_of_epoch():                       # evaluate, keep the best, save ckpt.pt; True: stop
             break
     run.saver = None
-    for param in (model.head if p.spt else model.lm_head).parameters():   # the other phase's head
-        param.requires_grad_(True)
+    trainable((model.head if p.spt else model.lm_head).parameters(), True)   # the other phase's head
     return p
 
 
@@ -329,8 +334,7 @@ class Phase:
         self.lr = (cfg["pretrain_lr"] or cfg["lr"]) if self.spt else cfg["lr"]
         self.schedule = Schedule((cfg["pretrain_schedule"] or cfg["schedule"]) if self.spt else cfg["schedule"],
                                  self.total_steps, warmup)
-        for p in (model.head if self.spt else model.lm_head).parameters():   # unused by this phase
-            p.requires_grad_(False)
+        trainable((model.head if self.spt else model.lm_head).parameters(), False)   # unused by this phase
         self.objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") \
             if self.spt else Classification(model)
         self.optimizer = model.configure_optimizers(cfg["weight_decay"], self.lr, device_type=rt.device_type)
@@ -358,7 +362,7 @@ class Phase:
         iterator if the checkpoint was saved at an epoch's end, after it if mid-epoch."""
         cfg, rt, state = self.run.cfg, self.run.rt, self.state
         seed = batch_order_seed(cfg["seed"], state["epoch"], self.spt)
-        batches = epoch_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
+        batches = rank_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
         self.bar = tqdm(total=self.steps_per_epoch, initial=state["step_in_epoch"], disable=not rt.master,
                         desc=f"{self.name} epoch {state['epoch'] + 1}/{self.epochs}", leave=False)
         if self.rng is not None and state["step_in_epoch"] == 0:
