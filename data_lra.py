@@ -1041,12 +1041,16 @@ def parse_args(argv):
     return cfg
 
 
-try:                     # the examples' cap and the RAM reader are the flag checker's (configurator.py);
-    from configurator import MAX_COUNT as MAX_EXAMPLES, memory_available
-except ImportError:      # copied alone (with pathfinder.py): the same cap, and the pages the kernel calls free
-    MAX_EXAMPLES = 10**7
+MAX_EXAMPLES = 10**7     # examples to make or read at most: 50x LRA's largest split (configurator.MAX_COUNT)
 
-    def memory_available():
+
+def memory_available():
+    """Bytes of RAM the kernel says can be had (MemAvailable; else the free pages). The
+    file's own, so it copies alone; configurator.memory_available also counts ulimit -v."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
