@@ -23,7 +23,7 @@ work on any attention maps, ours or someone else's:
                       as multiples of uniform attention (init torch, gpt2, amos)
   plot_attention, plot_proximity, plot_evolution, plot_image_attention   the figures
   Observations        a training run's attention at init, after SPT and finetuned
-                      (the tables and figures of run folders: spt_report.py)
+                      (the tables and figures of run folders: plumbing/spt_report.py)
 
 Imports torch, numpy and (for figures) matplotlib, and from this project only model.py.
 """
@@ -201,7 +201,7 @@ def save_figure(plt, fig, path, dpi):
     full disk never leaves half a figure. In this project through runfiles.write_file
     (a run folder's manifest lists the file); copied alone, with the few lines below."""
     try:
-        import runfiles
+        from plumbing import runfiles
         write = runfiles.write_file
     except ImportError:
         write = _write_atomically

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 import data_lra
-import runfiles
+from plumbing import runfiles
 
 # The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
 # shuffled, and the ListOps expressions drawn, with this seed, so every run trains on the

@@ -15,18 +15,19 @@ Phase 1 (SPT): masked-token reconstruction on the task's own training split
 SPT weights (all of them, or only the group --init_params). Every run writes
 config.json, log.jsonl, summary.json, checkpoints and figures into out_dir, with
 the attention's proximity statistics (analysis.py). The flags are DEFAULTS below;
-Amos et al.'s per-task values and the named presets are in spt_settings.py.
+Amos et al.'s per-task values and the named presets are in plumbing/spt_settings.py.
 
-Read top to bottom: the flags, the data, the two objectives (MaskedReconstruction is
-SPT), hybrid initialisation and freezing, train_phase (the loop) and its Phase, evaluate,
-main. The run itself is training.Run's: a folder holding another run is refused, a stop
-signal saves the resume point, --init_from=resume continues exactly, a NaN stops the run.
+Read top to bottom: the flags, the seeds, the two objectives (MaskedReconstruction is
+SPT) and the mask, hybrid initialisation and freezing, train_phase (the loop), evaluate,
+main and run_phases. The data come through plumbing/spt_data.py (synthetic.py, data_lra.py);
+the bookkeeping around the loop is plumbing/spt_phase.py's, the run itself training.Run's:
+a folder holding another run is refused, a stop signal saves the resume point,
+--init_from=resume continues exactly, a NaN stops the run.
 """
 
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -35,18 +36,20 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import analysis
-import cost
-import spt_report
-import synthetic
 from configurator import run_cli
 from model import Transformer, TransformerConfig, select_params
-from spt_settings import IMAGE_TASKS, check_data, get_config, resume_config
-from training import NonFiniteGuard, Run, Schedule, grad_sync, load_checkpoint, load_weights, wrap
+from plumbing import cost, spt_report
+from plumbing.spt_data import load_splits
+from plumbing.spt_phase import PhaseLedger, micro_row
+from plumbing.spt_settings import IMAGE_TASKS, get_config, resume_config
+from plumbing.training import Run, grad_sync, load_checkpoint, load_weights, wrap
 
 # -----------------------------------------------------------------------------
-# The flags: every key is a --key=value flag (--help lists them). --task=NAME starts from
-# Amos et al.'s values for that task and --preset=NAME applies a named set of overrides
-# (spt_settings.py: TASKS, PRESETS, and the checks that refuse a bad flag before any work).
+# The flags that shape the experiment, each a --key=value flag. --task=NAME replaces the
+# model size, optimisation and epochs below by Amos et al.'s values for that task, and
+# --preset=NAME applies a named set of overrides (spt_settings.TASKS and PRESETS; --help
+# lists them all). The run's plumbing flags (out_dir, device, dtype, logging, checkpoints)
+# are spt_settings.RUN_DEFAULTS.
 
 DEFAULTS = dict(
     task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
@@ -58,20 +61,21 @@ DEFAULTS = dict(
     max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
     n_train=0,               # use only the first n training examples (0 = all)
     n_eval=0,                # use only the first n val/test examples (0 = all)
-    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
-    overwrite=False,         # replace the results of an earlier run in out_dir
     seed=0,
-    # model
+    # model (its size: PathFinder's, as spt_settings.TASKS gives it per task)
+    depth=4, n_embd=128, n_head=8, ffn_mult=1,
     pos_enc="sinusoidal", pool="mean", dropout=0.0,
     init="torch",            # torch: PyTorch's layer defaults; gpt2: N(0, 0.02); amos: PyTorch's with
                              # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code: the LRA tasks')
     pixel_encoder="token",   # token: one embedding per grey level; linear: Amos et al.'s grey value in
                              # [-1, 1] and a mask flag through nn.Linear(2, d) (image, pathfinder, pathx)
     # self-pretraining
+    pretrain_epochs=50,      # 0 = from scratch
     spt_objective="masked",  # masked | causal (next-token)
     mask_ratio=0.15,         # the share of real tokens SPT hides (per task: spt_settings.TASKS; Amos et al.'s)
     save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
     # finetuning and the ablations
+    epochs=200,              # finetuning epochs (0 = SPT alone: its checkpoints are the product)
     init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
     init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
     freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
@@ -79,6 +83,7 @@ DEFAULTS = dict(
     patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as Amos et al.)
     max_hours=24.0,          # wall-time cap of each phase (Amos et al.: 24 h on one GPU)
     # optimisation (AdamW)
+    lr=5e-4, batch_size=32,
     weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
     warmup_steps=0,          # linear warmup of the finetuning phase, in optimizer steps...
     pretrain_warmup_steps=0, # ... and of the SPT phase
@@ -86,88 +91,16 @@ DEFAULTS = dict(
     pretrain_lr=0.0,         # 0 = same as lr
     pretrain_schedule="",    # "" = same as schedule
     preset="",               # "", cpu or cpu_rescue: overrides applied before the flags (spt_settings.PRESETS)
-    # logging and analysis
-    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
-    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
-    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
-    report="",               # comma list of folders: their summary.json as one table (spt_report.report)
-    # system
-    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: timed (cost.choose_dtype)
-    compile=False, num_workers=0, debug=False,
 )
-
-# -----------------------------------------------------------------------------
-# Data: synthetic.py or data_lra.py, one interface
-
-def load_data(task, split, cfg):
-    if task == "synthetic":
-        ds = synthetic.load_split(split, seed=cfg["seed"])
-    else:
-        import data_lra   # imported here so the synthetic task needs nothing else
-        options = {}
-        if task in ("listops", "pathfinder", "pathx"):
-            options["data_source"] = cfg["data_source"]
-        if task in ("listops", "pathfinder", "pathx", "photos") and cfg["n_generate"]:
-            options["n"] = cfg["n_generate"]
-        if task in ("pathfinder", "pathx"):
-            options["difficulty"] = cfg["difficulty"]
-        if task in ("listops", "text", "retrieval") and cfg["max_len"]:
-            options["max_len"] = cfg["max_len"]
-        ds = data_lra.load_task(task, split, cfg["data_dir"], **options)
-    n = cfg["n_train"] if split == "train" else cfg["n_eval"]
-    return Subset(ds, n) if 0 < n < len(ds) else ds
-
-
-class Subset(torch.utils.data.Dataset):
-    """The first n examples of a dataset, keeping its attributes (vocab_size, collate, ...)."""
-
-    def __init__(self, ds, n):
-        self.ds, self.n = ds, n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.ds[i]
-
-    def __getattr__(self, name):
-        return getattr(self.ds, name)
-
 
 # Seeds. Each random stream has its own seed derived from --seed, so changing one
 # thing (the number of epochs, the mask ratio) never shifts another stream.
-BATCH_SEED_STRIDE = 100_003   # a prime above 2 x any epoch count: (seed, epoch, phase) never collide
 MASK_SEED_OFFSET = 7          # the SPT masks' stream: apart from the model init, which uses --seed itself
 VAL_MASK_SEED = 1234          # validation masks: the same every epoch and every seed, so SPT val losses compare
 
 
-def batch_order_seed(seed, epoch, spt):
-    """The seed of one epoch's batch order in one phase: a function of (seed, epoch, phase) only."""
-    return seed * BATCH_SEED_STRIDE + 2 * epoch + int(spt)
-
-
-def rank_batches(n, cfg, rt, seed):
-    """This rank's micro-batches (lists of indices) for one epoch. The order depends
-    only on `seed`, so a resumed run sees the same batches. Optimizer step s uses
-    global batch perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size, split
-    into equal micro-batches across ranks and accumulation steps: a run on W processes
-    equals a single process with W times the batch size (exactly for classification;
-    for SPT each micro-batch averages over its own hidden positions, as BERT does)."""
-    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    batches = []
-    for s in range(n // G):
-        chunk = perm[s * G:(s + 1) * G]
-        batches += [chunk[micro_row(k, cfg, rt):][:cfg["batch_size"]] for k in range(cfg["grad_accum"])]
-    return batches
-
-
-def micro_row(k, cfg, rt):
-    """The first row of this rank's micro-batch k in the step's batch (its examples, its mask rows)."""
-    return (k * rt.world_size + rt.rank) * cfg["batch_size"]
-
-
 def to_device(batch, rt):
+    """(tokens, pad_mask, labels) on the run's device; a missing pad_mask stays None."""
     tokens, pad_mask, labels = batch
     move = lambda t: None if t is None else t.to(rt.device, non_blocking=True)
     return move(tokens), move(pad_mask), move(labels)
@@ -278,161 +211,49 @@ def trainable(params, on):
 def train_phase(name, model, train_ds, val_ds, run):
     """Train `model` in place. name='spt': masked reconstruction, best = lowest val
     loss. name='finetune': classification, best = highest val accuracy. Returns the
-    Phase: its best checkpoint (best_path) and state (best score, steps, ...)."""
-    cfg, rt, accum = run.cfg, run.rt, run.cfg["grad_accum"]
-    p = Phase(name, model, train_ds, val_ds, run)
-    run.saver = p.save                          # Ctrl-C or SIGTERM: save the resume point, then stop
+    phase's ledger: its best checkpoint (best_path) and state (best score, steps, ...)."""
+    cfg, rt, accum, spt = run.cfg, run.rt, run.cfg["grad_accum"], name == "spt"
+    p = PhaseLedger(name, run, len(train_ds))    # epochs, lr, schedule; counters, log, checkpoints
+    trainable((model.head if spt else model.lm_head).parameters(), False)     # the head this phase does not use
+    objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") if spt \
+        else Classification(model)
+    train_obj = wrap(objective, rt, cfg["compile"])                          # DDP, torch.compile
+    optimizer = model.configure_optimizers(cfg["weight_decay"], p.lr, device_type=rt.device_type)
+    mask_gen = mask_generator(cfg)
+    params = p.attach(model, optimizer, mask_gen, val_ds)                    # resumed from ckpt.pt if any
     while p.state["epoch"] < p.epochs:
         for micro, batch in enumerate(p.epoch_batches(train_ds)):
             tokens, pad_mask, labels = to_device(batch, rt)
-            k = micro % accum                                            # micro-batch k of this step
-            with grad_sync(p.train_obj, rt, last_micro=k == accum - 1), rt.autocast():
-                if p.spt:
+            k = micro % accum                                                # micro-batch k of this step
+            with grad_sync(train_obj, rt, last_micro=k == accum - 1), rt.autocast():
+                if spt:
                     # SPT: hide a random mask_ratio of the real tokens and reconstruct them. The
                     # mask is drawn once for the whole global batch, then this micro-batch takes
                     # its rows: the masks do not depend on the number of GPUs or micro-batches.
                     if k == 0:
                         step_hide = draw_hidden((p.global_batch, *tokens.shape[1:-1], train_ds.max_len),
-                                                cfg["mask_ratio"], p.mask_gen)
+                                                cfg["mask_ratio"], mask_gen)
                     start = micro_row(k, cfg, rt)
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
-                    loss = p.train_obj(tokens, pad_mask, hide.to(rt.device))
-                else:                                                    # classify
-                    loss, _ = p.train_obj(tokens, pad_mask, labels)
+                    loss = train_obj(tokens, pad_mask, hide.to(rt.device))
+                else:                                                        # classify
+                    loss, _ = train_obj(tokens, pad_mask, labels)
             (loss / accum).backward()
             if k < accum - 1:
                 continue
-            for group in p.optimizer.param_groups:                       # warmup, then decay
+            for group in optimizer.param_groups:                             # warmup, then decay
                 group["lr"] = p.schedule.lr(p.state["step"], p.lr)
-            gnorm = torch.nn.utils.clip_grad_norm_(p.params, cfg["grad_clip"] or float("inf"))
-            p.guard.record(loss, gnorm, p.state["step"] + 1)             # on a CPU: stops before the update
-            p.optimizer.step()
-            p.optimizer.zero_grad(set_to_none=True)
+            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
+            p.guard.record(loss, gnorm, p.state["step"] + 1)                 # on a CPU: stops before the update
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             p.after_step(loss, gnorm)              # log, ETA, attention snapshots, ckpt_every
             run.tick()                             # a signal or --halt_after_steps stops here
-        if p.end_of_epoch():                       # evaluate, keep the best, save ckpt.pt; True: stop
+        if p.end_of_epoch(lambda: evaluate(objective, val_ds, cfg, rt, name)):   # best kept, ckpt.pt; True: stop
             break
     run.saver = None
-    trainable((model.head if p.spt else model.lm_head).parameters(), True)   # the other phase's head
+    trainable((model.head if spt else model.lm_head).parameters(), True)      # the other phase's head
     return p
-
-
-class Phase:
-    """One phase's settings (epochs, lr, schedule, warmup), objective, optimizer and
-    state, and what the loop does around the step: the batches of each epoch, the
-    logging after a step, the evaluation at an epoch's end, the resume point."""
-
-    def __init__(self, name, model, train_ds, val_ds, run):
-        cfg, rt = run.cfg, run.rt
-        self.name, self.spt, self.model, self.val_ds, self.run = name, name == "spt", model, val_ds, run
-        self.global_batch = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
-        self.epochs = cfg["pretrain_epochs"] if self.spt else cfg["epochs"]
-        self.steps_per_epoch = len(train_ds) // self.global_batch
-        self.total_steps = self.epochs * self.steps_per_epoch
-        warmup = cfg["pretrain_warmup_steps" if self.spt else "warmup_steps"] or \
-            int(cfg["warmup_frac"] * self.total_steps)
-        self.lr = (cfg["pretrain_lr"] or cfg["lr"]) if self.spt else cfg["lr"]
-        self.schedule = Schedule((cfg["pretrain_schedule"] or cfg["schedule"]) if self.spt else cfg["schedule"],
-                                 self.total_steps, warmup)
-        trainable((model.head if self.spt else model.lm_head).parameters(), False)   # unused by this phase
-        self.objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") \
-            if self.spt else Classification(model)
-        self.optimizer = model.configure_optimizers(cfg["weight_decay"], self.lr, device_type=rt.device_type)
-        self.train_obj = wrap(self.objective, rt, cfg["compile"])        # DDP, torch.compile
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.mask_gen, self.rng = mask_generator(cfg), None
-        self.state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
-        self.guard = NonFiniteGuard(run, name)
-        self.best_path = os.path.join(cfg["out_dir"], f"{name}_best.pt")
-        if run.ckpt and run.ckpt["phase"] == name:                       # continue from ckpt.pt
-            run.restore(model, [self.optimizer], rng=False)              # epoch_batches sets the RNG
-            self.state.update({k: run.ckpt[k] for k in self.state})
-            self.mask_gen.set_state(run.ckpt["mask_gen"])
-            self.rng = run.ckpt["rng"]
-        if rt.master:
-            print(f"[{name}] {len(train_ds)} train / {len(val_ds)} val examples, {self.epochs} epochs x "
-                  f"{self.steps_per_epoch} steps, lr {self.lr:g}, {sum(p.numel() for p in self.params):,} "
-                  f"trainable parameters", flush=True)
-        self.t0 = time.time()
-
-    def epoch_batches(self, train_ds):
-        """This epoch's micro-batches from where the phase stands, with a progress bar.
-        A DataLoader iterator draws its seed from the torch RNG when it is made: a resumed
-        run rewinds that RNG (dropout's) to the checkpoint's state, before making the
-        iterator if the checkpoint was saved at an epoch's end, after it if mid-epoch."""
-        cfg, rt, state = self.run.cfg, self.run.rt, self.state
-        seed = batch_order_seed(cfg["seed"], state["epoch"], self.spt)
-        batches = rank_batches(len(train_ds), cfg, rt, seed)[state["step_in_epoch"] * cfg["grad_accum"]:]
-        self.bar = tqdm(total=self.steps_per_epoch, initial=state["step_in_epoch"], disable=not rt.master,
-                        desc=f"{self.name} epoch {state['epoch'] + 1}/{self.epochs}", leave=False)
-        if self.rng is not None and state["step_in_epoch"] == 0:
-            torch.set_rng_state(self.rng)
-        data = iter(rt.loader(train_ds, batches, cfg["num_workers"]))
-        if self.rng is not None and state["step_in_epoch"] > 0:
-            torch.set_rng_state(self.rng)
-        self.rng = None
-        return data
-
-    def after_step(self, loss, gnorm):
-        """Count the step; log every log_every steps (and the first), print the phase's
-        ETA after 20 steps, snapshot the attention every snapshot_attn_every steps, and
-        save ckpt.pt every ckpt_every steps."""
-        cfg, rt, state = self.run.cfg, self.run.rt, self.state
-        state["step"] += 1
-        state["step_in_epoch"] += 1
-        step = state["step"]
-        self.bar.update(1)
-        if step % cfg["log_every"] == 0 or step == 1:
-            self.guard.check()
-            self.run.log(phase=self.name, step=step, epoch=state["epoch"], loss=loss.item(),
-                         lr=self.optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
-            self.bar.set_postfix(loss=f"{loss.item():.4f}")
-        if rt.master and step == 20:
-            eta = (time.time() - self.t0) / 20 * (self.total_steps - 20)
-            print(f"[{self.name}] ~{eta / 60:.1f} min for this phase at the current speed", flush=True)
-        if cfg["snapshot_attn_every"] and step % cfg["snapshot_attn_every"] == 0 and rt.master:
-            record = analysis.attention_snapshot(self.model, self.val_ds, rt.device)
-            self.run.log("snapshots.jsonl", phase=self.name, step=step, **record)
-        if cfg["ckpt_every"] and step % cfg["ckpt_every"] == 0:
-            self.save()
-
-    def end_of_epoch(self):
-        """Evaluate; keep the best weights (SPT: lowest val loss; finetuning: highest val
-        accuracy) and the SPT weights after the epochs in --save_epochs; save ckpt.pt.
-        Returns True to stop: early stopping (finetuning) or the phase's wall-time cap."""
-        cfg, rt, state = self.run.cfg, self.run.rt, self.state
-        self.bar.close()
-        epoch = state["epoch"] + 1
-        self.guard.check()
-        metrics = evaluate(self.objective, self.val_ds, cfg, rt, self.name)
-        if not math.isfinite(metrics["loss"]):
-            self.guard.mark(state["step"])
-            self.guard.check()                                           # a NaN val loss is never "best"
-        score = -metrics["loss"] if self.spt else metrics["acc"]
-        improved = state["best"] is None or score > state["best"]
-        state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
-        self.run.log(phase=self.name, step=state["step"], epoch=epoch, val_loss=metrics["loss"],
-                     val_acc=metrics["acc"], **({} if self.spt else {"val_loss_se": metrics["loss_se"]}))
-        if improved:
-            state.update(best=score, best_epoch=epoch)
-            self.run.save_weights(self.best_path, self.model, epoch=epoch, **metrics)
-        if self.spt and epoch in {int(e) for e in cfg["save_epochs"].split(",") if e.strip()}:
-            self.run.save_weights(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), self.model, epoch=epoch)
-        if rt.master:
-            print(f"[{self.name}] epoch {epoch}/{self.epochs}: val loss {metrics['loss']:.4f}"
-                  + ("" if self.spt else f", val acc {metrics['acc']:.4f}") + (" (best)" if improved else ""),
-                  flush=True)
-        self.save()
-        stop_early = not self.spt and cfg["patience"] and state["bad_epochs"] >= cfg["patience"]
-        return bool(stop_early) or time.time() - self.t0 > cfg["max_hours"] * 3600
-
-    def save(self):
-        """ckpt.pt, the resume point (training.Run.save_resume), after checking that the
-        weights were never updated with a NaN gradient: the phase's state, its mask
-        stream and optimizer with the weights, the RNG and the config."""
-        self.guard.check()
-        self.run.save_resume(self.model, [self.optimizer], phase=self.name, mask_gen=self.mask_gen.get_state(),
-                             **self.state)
 
 
 @torch.no_grad()
@@ -470,9 +291,6 @@ def evaluate(objective, ds, cfg, rt, phase):
 # -----------------------------------------------------------------------------
 # The run: SPT, then finetuning, then the test accuracy and the figures
 
-PHASES = ("spt", "finetune")
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = get_config(DEFAULTS, argv, __doc__)
@@ -486,38 +304,11 @@ def main(argv=None):
         model = build_model(run.cfg, [data["train"], data["pretrain"]]).to(run.rt.device)
         cost.choose_dtype(run, model, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
         ckpt = run.ckpt
-        run.begin(keep=ckpt and written_before(ckpt), at=ckpt and dict(phase=ckpt["phase"], step=ckpt["step"]),
+        run.begin(keep=ckpt and PhaseLedger.written_before(ckpt),
+                  at=ckpt and dict(phase=ckpt["phase"], step=ckpt["step"]),
                   also=("snapshots.jsonl",))
         seen = analysis.Observations(run.cfg["out_dir"], run.cfg["task"] in IMAGE_TASKS, run.rt.master)
         return run_phases(run, data, model, seen)
-
-
-def written_before(ckpt):
-    """The records (log.jsonl, snapshots.jsonl) an interrupted run wrote up to its
-    checkpoint, to keep on resume. A validation record at the checkpoint's step is kept
-    only if the checkpoint was saved after it (its epoch count includes that epoch):
-    otherwise the resumed run validates that epoch again."""
-    at = (PHASES.index(ckpt["phase"]), ckpt["step"])
-
-    def keep(r):
-        here = (PHASES.index(r["phase"]), r["step"])
-        if here == at and "val_loss" in r:
-            return r["epoch"] <= ckpt.get("epoch", r["epoch"])
-        return here <= at
-    return keep
-
-
-def load_splits(run):
-    """The task's train/val/test splits and the pretraining task's train/val, checked."""
-    cfg = run.cfg
-    data = {s: load_data(cfg["task"], s, cfg) for s in ("train", "val", "test")}
-    pre_task = cfg["pretrain_task"] or cfg["task"]
-    same = pre_task == cfg["task"]
-    data["pretrain"] = data["train"] if same else load_data(pre_task, "train", cfg)
-    data["pretrain_val"] = data["val"] if same else load_data(pre_task, "val", cfg)
-    check_data(cfg, run.rt, data)
-    run.fingerprint(data["train"], data["pretrain"])              # a resumed run: the same data
-    return data
 
 
 def run_phases(run, data, model, seen):
@@ -555,7 +346,7 @@ def run_phases(run, data, model, seen):
     test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
     seen.observe("finetune", model, data["val"], rt.device)
     spt_loss = -spt.state["best"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
-    return summarize(run, seen, model, data["val"], dict(
+    return spt_report.summarize(run, seen, model, data["val"], dict(
         pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft.state["best"],
         best_epoch=ft.state["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
         frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.elapsed()))
@@ -566,34 +357,9 @@ def spt_only(run, seen, model, val_ds, spt):
     another run's `--init_from=RUN/spt_best.pt` finetunes from them as phase 2 of an SPT run does."""
     load_weights(model, spt.best_path)
     seen.observe("spt", model, val_ds, run.rt.device)
-    return summarize(run, seen, model, val_ds, dict(
+    return spt_report.summarize(run, seen, model, val_ds, dict(
         pretrain_epochs=run.cfg["pretrain_epochs"], spt_best_val_loss=-spt.state["best"],
         spt_best_epoch=spt.state["best_epoch"], steps=0, spt_steps=spt.state["step"], wall_time_s=run.elapsed()))
-
-
-def summarize(run, seen, model, val_ds, results):
-    """summary.json (the run's flags, its results, the attention statistics at each
-    stage) and the figures: curves, proximity, attention evolution, the 2-D maps."""
-    cfg, rt = run.cfg, run.rt
-    summary = dict(task=cfg["task"], depth=cfg["depth"], pretrain_epochs=results.pop("pretrain_epochs"),
-                   epochs=cfg["epochs"], pretrain_task=cfg["pretrain_task"] or cfg["task"],
-                   init_from=cfg["init_from"], init_params=cfg["init_params"], freeze=cfg["freeze"],
-                   pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"],
-                   **results, n_params=model.num_params(), world_size=rt.world_size)
-    if rt.ddp:
-        summary["replica_max_diff"] = run.replica_max_diff(model)
-    if not rt.master:
-        return summary
-    summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
-    run.write_summary(summary)
-    seen.plot(val_ds[0][0])
-    spt_report.plot_run(cfg["out_dir"])
-    last = "finetune" if "test_acc" in summary else "spt"                 # "spt": SPT alone (--epochs=0)
-    done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
-            else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
-    print(f"{done}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
-          f"{summary['mass_w2_' + last]:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
-    return summary
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import analysis
-import spt_report
+from plumbing import spt_report
 from model import Transformer, TransformerConfig
 
 

@@ -44,6 +44,24 @@ m.plot_attention(maps, os.path.join(d, "a.png"), "maps")
 m.plot_image_attention(torch.randint(0, 256, (16,)), {"init": maps[0][0]}, os.path.join(d, "b.png"), n_queries=1)
 assert sorted(os.listdir(d)) == ["a.png", "b.png"] and all(os.path.getsize(os.path.join(d, f)) > 1000 for f in ("a.png", "b.png"))
 """
+STABILITY = """
+import torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn, self.mlp = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    def forward(self, x):
+        return self.mlp(self.attn(x))
+block = Block()
+rec = m.BlockGradRecorder([block])
+rec.start(1, 1)
+rec.next_micro()
+block(torch.ones(1, 2, requires_grad=True)).sum().backward()
+norms = rec.norms(1)
+assert set(norms) == {"out", "attn", "mlp"} and norms["out"][0][0] > 0, norms
+assert m.grad_volatility([1.0, 2.0, 1.0, 2.0]) > 0
+assert m.collapse_verdict([3.0, 3.0], [3.0, 1.0], 3.0)[0] == "collapsed"
+"""
 COPYABLE = {
     "model.py": ((), "m.Transformer(m.TransformerConfig(n_embd=16, n_head=2, vocab_size=10))"),
     "looped.py": ((), "m.LoopedTransformer(m.LoopedConfig(n_embd=16, n_head=2, n_layer=1, n_loops=2))"),
@@ -51,6 +69,7 @@ COPYABLE = {
     "pathfinder.py": ((), "m.generate(4, seed=0, contour_length=6)"),
     "analysis.py": (("model.py",), ANALYSIS),
     "theory.py": (("model.py",), "m.check(0, 4)"),
+    "stability.py": ((), STABILITY),
     "data_lra.py": (("pathfinder.py",), DATA_LRA),
 }
 
@@ -82,7 +101,7 @@ def test_each_file_imports_alone_in_an_empty_folder(tmp_path):
         for f in (name, *extra):
             shutil.copy(os.path.join(ROOT, f), folder / f)
         checks.append((str(folder), name[:-3], use))
-    project = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py"))
+    project = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")) + ["plumbing"]
     code = f"CHECKS = {checks!r}\nPROJECT = {project!r}\n" + CHECK
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,

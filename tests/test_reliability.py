@@ -23,12 +23,12 @@ import torch
 
 import corpora
 import train_flt
-import spt_settings
+from plumbing import spt_phase, spt_settings
 import train_spt
-import runfiles
+from plumbing import runfiles
 from configurator import run_cli
 from looped import LoopedTransformer
-from training import load_checkpoint, read_log, save_checkpoint
+from plumbing.training import load_checkpoint, read_log, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPT = ["--task=synthetic", "--n_train=128", "--n_eval=64", "--batch_size=32", "--n_embd=16", "--n_head=2",
@@ -301,7 +301,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_loses_nothing_written_before(
 def test_ctrl_c_says_how_to_go_on_and_exits_130(tmp_path, monkeypatch, capsys):
     def interrupt(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(train_spt.Phase, "end_of_epoch", interrupt)
+    monkeypatch.setattr(spt_phase.PhaseLedger, "end_of_epoch", interrupt)
     with pytest.raises(SystemExit) as e:
         run_cli(train_spt.main, [*SPT, f"--out_dir={tmp_path}/o"])
     assert e.value.code == 130
@@ -709,7 +709,7 @@ def test_a_second_sigterm_or_one_before_the_loop_stops_at_once(tmp_path, monkeyp
 
 def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real = train_spt.Phase.save
+    real = spt_phase.PhaseLedger.save
     calls = []
 
     def killed_at_the_epoch_end(phase):
@@ -717,9 +717,9 @@ def test_a_kill_between_the_val_record_and_the_checkpoint_leaves_one_val_record(
         if len(calls) == 2:                       # step 4 (ckpt_every) saved; the epoch end's is never written
             raise SystemExit("killed")
         return real(phase)
-    monkeypatch.setattr(train_spt.Phase, "save", killed_at_the_epoch_end)
+    monkeypatch.setattr(spt_phase.PhaseLedger, "save", killed_at_the_epoch_end)
     assert cli(train_spt, *SPT, f"--out_dir={out}", "--ckpt_every=4")[0] == 1
-    monkeypatch.setattr(train_spt.Phase, "save", real)
+    monkeypatch.setattr(spt_phase.PhaseLedger, "save", real)
     assert cli(train_spt, "--task=synthetic", f"--out_dir={out}", "--init_from=resume")[0] == 0
     vals = [(r["phase"], r["epoch"]) for r in read_log(out) if "val_loss" in r]
     assert vals == [("spt", 1), ("finetune", 1)]

@@ -1,27 +1,41 @@
-"""The shape of the code a reader follows: the scripts' lengths, short argument lists,
-theory.py readable alone. These are the repository's promises to a reader (README's
-reading order), checked so that they stay true."""
+"""The shape of the code a reader follows: the top level holds the papers' files and the run
+plumbing sits in one folder; the scripts' lengths, short argument lists, the plumbing names
+each script takes, imports that point one way, theory.py readable alone, and README's reading
+order as ../shared/tools/reading_path.py counts it. These are the repository's promises to a
+reader, checked so that they stay true."""
 
 import ast
-import inspect
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
 
-import train_spt
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MAX_LINES = {"train_spt.py": 600, "train_flt.py": 550, "theory.py": 150, "training.py": 400}
-SHORT_SIGNATURES = ("train_spt.py", "train_flt.py", "training.py", "configurator.py", "runfiles.py")
+# The papers' files (the brief's seven), and the few that are paper content or a nanoGPT convention.
+TOP_LEVEL = {"model.py", "looped.py", "data_lra.py", "synthetic.py", "train_spt.py", "train_flt.py", "theory.py",
+             "configurator.py", "pathfinder.py", "corpora.py", "analysis.py", "stability.py"}
+PLUMBING_DIR = ROOT / "plumbing"
+PLUMBING = {"plumbing." + p.stem for p in PLUMBING_DIR.glob("*.py") if p.stem != "__init__"}
+MAX_LINES = {"train_spt.py": 600, "train_flt.py": 550, "theory.py": 150, "plumbing/training.py": 400}
 SCRIPTS = ("train_spt.py", "train_flt.py")
-PLUMBING = ("configurator", "training", "runfiles", "spt_settings", "flt_settings")
+SHORT_SIGNATURES = (*SCRIPTS, "configurator.py", "stability.py",
+                    *sorted(str(p.relative_to(ROOT)) for p in PLUMBING_DIR.glob("*.py")))
+MAX_PLUMBING_NAMES = 15      # both scripts' count when the plumbing moved into its folder (before: 15 and 19)
 
 
 def n_params(fn):
     a = fn.args
     return len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+
+
+def test_the_top_level_holds_only_the_papers_files_and_the_plumbing_one_folder():
+    top = {p.name for p in ROOT.glob("*.py")}
+    assert top == TOP_LEVEL, f"at the top level but not a paper's file: {sorted(top - TOP_LEVEL)}; " \
+                             f"missing: {sorted(TOP_LEVEL - top)}"
+    assert (PLUMBING_DIR / "training.py").exists() and (PLUMBING_DIR / "__init__.py").exists()
+    assert (ROOT / "tools" / "bench.py").exists()
 
 
 @pytest.mark.parametrize("name", list(MAX_LINES))
@@ -39,25 +53,29 @@ def test_no_function_takes_more_than_six_parameters(name):
 
 
 def plumbing_names(script):
-    """The names a script takes from the plumbing modules: `from M import a, b` and `M.a`."""
+    """The names a script takes from any module of the plumbing folder: `from plumbing.M
+    import a, b`, and `M.a` after `from plumbing import M`."""
     tree = ast.parse((ROOT / script).read_text())
-    names = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in PLUMBING
-             for a in n.names}
+    names = {(n.module.split(".")[-1], a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and n.module in PLUMBING for a in n.names}
+    modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and n.module == "plumbing" for a in n.names}
     names |= {(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-              and isinstance(n.value, ast.Name) and n.value.id in PLUMBING}
+              and isinstance(n.value, ast.Name) and n.value.id in modules}
     return names
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_each_script_takes_at_most_twelve_names_from_the_plumbing(script):
+def test_each_script_takes_few_names_from_the_plumbing(script):
     names = plumbing_names(script)
-    assert len(names) <= 12, f"{script} takes {len(names)} plumbing names: {sorted(names)}"
+    assert len(names) <= MAX_PLUMBING_NAMES, f"{script} takes {len(names)} plumbing names: {sorted(names)}"
 
 
-def test_the_plumbing_count_sees_both_import_forms(tmp_path, monkeypatch):
-    (tmp_path / "s.py").write_text("import training\nfrom runfiles import a, b\ntraining.Run(); training.x.y\n")
+def test_the_plumbing_count_sees_both_import_forms_over_every_module(tmp_path, monkeypatch):
+    (tmp_path / "s.py").write_text("from plumbing import training\nfrom plumbing.flt_run import a, b\n"
+                                   "training.Run(); training.x.y\nimport os\nos.path\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert plumbing_names("s.py") == {("runfiles", "a"), ("runfiles", "b"), ("training", "Run"), ("training", "x")}
+    assert plumbing_names("s.py") == {("flt_run", "a"), ("flt_run", "b"), ("training", "Run"), ("training", "x")}
 
 
 def defined(module_file):
@@ -66,33 +84,35 @@ def defined(module_file):
         {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 
 
-def test_the_guard_the_schedule_the_resume_point_and_the_run_state_are_defined_once_and_shared():
+def test_the_guard_the_schedule_and_the_run_are_defined_once_in_the_training_core():
+    for name in ("NonFiniteGuard", "Schedule", "Run", "wrap"):
+        homes = [str(p.relative_to(ROOT)) for p in [*ROOT.glob("*.py"), *PLUMBING_DIR.glob("*.py")]
+                 if name in defined(p.relative_to(ROOT))]
+        assert homes == ["plumbing/training.py"], (name, homes)
     for script in SCRIPTS:
         text = (ROOT / script).read_text()
-        names = {name for _, name in plumbing_names(script)}
-        assert {"NonFiniteGuard", "Schedule", "Run", "wrap"} <= names, script          # one guard, schedule, run
-        assert "run.save_resume(" in text and "torch.save" not in text, script         # one resume-point writer
+        assert "torch.save" not in text, script                                        # one resume-point writer
         assert not re.search(r"DistributedDataParallel|isfinite\(loss|class Run\b|def lr_at|signal\.", text), script
-    assert {"NonFiniteGuard", "Schedule", "Run", "wrap"} <= defined("training.py")
-    assert "def save_resume" in (ROOT / "training.py").read_text()
 
 
 def test_the_safety_module_exposes_at_most_nine_names():
-    public = {n for n in defined("runfiles.py") if not n.startswith("_")}   # the 8 of the file layer and
-    assert len(public) <= 9, sorted(public)                             # data_fingerprint (resume's data check)
+    public = {n for n in defined("plumbing/runfiles.py") if not n.startswith("_")}   # the 8 of the file layer
+    assert len(public) <= 9, sorted(public)                                        # and data_fingerprint
     assert "runfiles" not in (ROOT / "train_spt.py").read_text() + (ROOT / "train_flt.py").read_text()
 
 
-def test_copyable_files_never_import_training():
-    for name in ("data_lra.py", "analysis.py", "model.py", "looped.py", "synthetic.py", "pathfinder.py", "theory.py"):
+def test_copyable_files_import_no_plumbing_at_module_level():
+    """(a lazy import inside a function, with a fallback, is how analysis.py writes through
+    runfiles when it is in this project; tests/test_copyable.py runs each file alone)"""
+    for name in ("data_lra.py", "analysis.py", "model.py", "looped.py", "synthetic.py", "pathfinder.py", "theory.py",
+                 "stability.py"):
         tree = ast.parse((ROOT / name).read_text())
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert "training" not in imported, name
+        imported = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in imported if m.split(".")[0] == "plumbing"}, name
 
 
 def test_theory_imports_only_torch_numpy_stdlib_and_model():
-    import sys
     tree = ast.parse((ROOT / "theory.py").read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -100,99 +120,119 @@ def test_theory_imports_only_torch_numpy_stdlib_and_model():
     assert names <= allowed, f"theory.py imports {sorted(names - allowed)}"
 
 
-# README's reading order: one table per paper, `| file | read | lines | what it teaches |`.
-# "read" names definitions in backticks (`Class`, `Class.method`, `function`, `CONSTANT`),
-# "the whole file", or "the module docstring"; "lines" must be what those spans hold.
-# Each table's bold header says "(N lines, about M minutes)": N the table's sum, M at about
-# LINES_PER_MINUTE. The budgets sit a little above the paths a reader needs (759 and 338
-# lines when they were set): a path that grows past them is a path to shorten, or to re-count.
-READING_BUDGETS = {"Paper A": 800, "Paper B": 360}
-LINES_PER_MINUTE = 20
-HEADER = re.compile(r"\((\d+) lines, about (\d+) minutes\)")
+# Imports point one way: importing a module loads none of the modules it must not reach.
+PAPER_A = {"train_spt", "model", "synthetic", "analysis", "theory", "plumbing.spt_phase", "plumbing.spt_data",
+           "plumbing.spt_settings", "plumbing.spt_report"}
+MUST_NOT_LOAD = {
+    "configurator": {"data_lra", "synthetic", "corpora", "pathfinder"},         # a flag parser, not a data loader
+    "plumbing.spt_settings": {"plumbing.spt_report", "plumbing.flt_report", "data_lra", "synthetic"},  # settings:
+    "plumbing.flt_settings": {"plumbing.spt_report", "plumbing.flt_report", "data_lra", "corpora"},    # no reports
+    "train_flt": PAPER_A,                                                      # Paper B's code: none of Paper A's
+}
 
 
-def span_lines(path, read):
-    """The lines a reading step covers: the whole file, its docstring, named definitions."""
-    text = (ROOT / path).read_text()
-    if "the whole file" in read:
-        return len(text.splitlines())
-    tree = ast.parse(text)
-    total = 0
-    if "the module docstring" in read:
-        total += tree.body[0].end_lineno - tree.body[0].lineno + 1
-    for name in [n.strip("`") for n in read.split("`")[1::2]]:
-        scope = tree
-        for part in name.split("."):
-            found = [n for n in scope.body if getattr(n, "name", None) == part
-                     or any(getattr(t, "id", None) == part for t in getattr(n, "targets", []))]
-            assert found, f"README's reading order names {name} in {path}, which has no such definition"
-            scope = found[0]
-        lines = scope.end_lineno - scope.lineno + 1
-        total += lines + len(getattr(scope, "decorator_list", []))
-    return total
+def loaded_by(module):
+    code = f"import sys; import {module}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1000:]
+    return set(out.stdout.split())
 
 
-def reading_tables():
-    readme = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("module", list(MUST_NOT_LOAD))
+def test_imports_point_one_way(module):
+    wrong = loaded_by(module) & MUST_NOT_LOAD[module]
+    assert not wrong, f"importing {module} loads {sorted(wrong)}"
+
+
+def test_the_import_check_sees_a_wrong_way_import():
+    assert "plumbing.spt_settings" in loaded_by("plumbing.spt_data")               # spt_data reads the checks
+
+
+def test_one_place_switches_requires_grad_and_one_formula_gives_the_rows():
+    spt = (ROOT / "train_spt.py").read_text()
+    assert len(re.findall(r"requires_grad_\(|requires_grad = ", spt)) == 1, "requires_grad switched in >1 place"
+    phase = (ROOT / "plumbing" / "spt_phase.py").read_text()
+    assert "micro_row(k, cfg, rt)" in spt and "micro_row(k, cfg, rt)" in phase      # masks and batches: one formula
+    assert spt.count('* cfg["batch_size"]') == 0 and phase.count('* cfg["batch_size"]') == 1
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, *sorted(str(p.relative_to(ROOT)) for p in PLUMBING_DIR.glob("*.py"))])
+def test_no_method_shares_a_name_with_a_function_of_its_module(name):
+    tree = ast.parse((ROOT / name).read_text())
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    methods = {m.name for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body
+               if isinstance(m, ast.FunctionDef) and not m.name.startswith("__")}
+    assert not functions & methods, f"{name}: {sorted(functions & methods)} name a function and a method"
+
+
+# README's reading order is what ../shared/tools/reading_path.py prints. Each paper's block in
+# README's "## Reading order": a bold header "(N lines, about M minutes, P pieces)", the
+# command in a code line, and a table `| `file` | lines | ... |`, one row per file on the path.
+TOOL = ROOT.parent / "shared" / "tools" / "reading_path.py"
+PAPERS = {"Paper A": ("train_spt.py:main", 700), "Paper B": ("train_flt.py:main", 450)}
+HEADER = re.compile(r"\((\d+) lines, about (\d+) minutes, (\d+) pieces\)")
+
+
+def readme_paths(readme):
+    """{paper: (command, lines, minutes, pieces, {file: lines})} from README's reading order."""
     section = readme.split("## Reading order", 1)[1].split("\n## ", 1)[0]
-    tables = {}
-    for paper in READING_BUDGETS:
-        block = section.split(f"**{paper}", 1)[1].split("\n\n", 2)[1]
-        rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
-        tables[paper] = [(r[0].strip("`"), r[1], int(r[2])) for r in rows]
-    return tables
+    out = {}
+    for paper in PAPERS:
+        block = section.split(f"**{paper}", 1)[1].split("\n**", 1)[0]
+        lines, minutes, pieces = (int(x) for x in HEADER.search(block.split("\n", 1)[0]).groups())
+        command = re.search(r"(python3 \.\./shared/tools/reading_path\.py [^\n`]+)", block)[1].strip()
+        files = {m[1]: int(m[2]) for m in re.finditer(r"^\| `([^`]+)` \| (\d+) \|", block, re.M)}
+        out[paper] = (command, lines, minutes, pieces, files)
+    return out
 
 
-def reading_headers():
-    """Each paper's bold header line, e.g. '**Paper A, self-pretraining** (759 lines, about 40 minutes)'."""
-    section = (ROOT / "README.md").read_text().split("## Reading order", 1)[1].split("\n## ", 1)[0]
-    return {paper: f"**{paper}" + section.split(f"**{paper}", 1)[1].split("\n", 1)[0] for paper in READING_BUDGETS}
+def tool_paths(command):
+    """(lines, minutes, pieces, {file: lines}) as the tool prints them for README's command."""
+    argv = command.split()[2:]
+    out = subprocess.run([sys.executable, str(TOOL), *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1000:]
+    per_file, total = out.stdout.strip().splitlines()[-2:]
+    found = re.search(r"(\d+) lines to read, about (\d+) min .*\((\d+) pieces\)", total)
+    files = {f: int(n) for f, n in re.findall(r"(\S+) (\d+)", per_file)}
+    return int(found[1]), int(found[2]), int(found[3]), files
 
 
-def header_problems(header, total):
-    """What a header says wrong about a table of `total` lines: its line count must be the
-    total, its minutes the total at LINES_PER_MINUTE, rounded to 5 minutes at most."""
-    found = HEADER.search(header)
-    if not found:
-        return [f"{header!r} does not say '(N lines, about M minutes)'"]
-    lines, minutes = int(found[1]), int(found[2])
-    problems = []
-    if lines != total:
-        problems.append(f"{header!r} says {lines} lines, its table holds {total}")
-    if abs(minutes - total / LINES_PER_MINUTE) > 2.5:
-        problems.append(f"{header!r} says about {minutes} minutes, {total} lines at {LINES_PER_MINUTE} "
-                        f"a minute take about {total / LINES_PER_MINUTE:.0f}")
-    return problems
+def path_problems(stated, measured):
+    """What README states wrong about one path, against the tool's figures."""
+    names = ("lines", "minutes", "pieces", "lines per file")
+    return [f"README says {n} {s}, the tool {m}" for n, s, m in zip(names, stated, measured) if s != m]
 
 
-def test_reading_order_counts_are_true_and_fit_the_budgets():
-    for paper, rows in reading_tables().items():
-        for path, read, stated in rows:
-            assert span_lines(path, read) == stated, f"{paper}: {path} {read} holds " \
-                f"{span_lines(path, read)} lines, README says {stated}"
-        total = sum(n for *_, n in rows)
-        assert total <= READING_BUDGETS[paper], f"{paper}'s reading order is {total} lines"
+@pytest.mark.skipif(not TOOL.exists(), reason="../shared/tools/reading_path.py is not beside this checkout")
+@pytest.mark.parametrize("paper", list(PAPERS))
+def test_readme_reading_order_is_what_the_tool_counts(paper):
+    command, *stated = readme_paths((ROOT / "README.md").read_text())[paper]
+    entry, budget = PAPERS[paper]
+    assert entry in command and "--contract=" in command, command
+    contract = set(command.split("--contract=")[1].split()[0].split(","))
+    assert contract == {p.stem for p in ROOT.glob("*.py")} - {"model", "looped", "synthetic", "theory",
+                                                              "train_spt", "train_flt"} | {"plumbing"}, contract
+    measured = tool_paths(command)
+    assert not path_problems(stated, measured), path_problems(stated, measured)
+    assert measured[0] <= budget, f"{paper}'s path is {measured[0]} lines, more than {budget}"
 
 
-def test_span_lines_counts_a_method_a_function_and_a_constant():
-    assert span_lines("train_spt.py", "`Phase.save`") == len(inspect.getsource(train_spt.Phase.save).splitlines())
-    assert span_lines("train_spt.py", "`hybrid_init`") == len(inspect.getsource(train_spt.hybrid_init).splitlines())
-    assert span_lines("train_spt.py", "`PHASES`") == 1
-    with pytest.raises(AssertionError):
-        span_lines("train_spt.py", "`no_such_function`")
+def test_the_path_check_names_each_wrong_figure():
+    right = (669, 33, 89, {"model.py": 322, "train_spt.py": 257})
+    assert path_problems(right, right) == []
+    wrong = (700, 33, 90, {"model.py": 322, "train_spt.py": 250})
+    said = " ".join(path_problems(wrong, right))
+    assert "lines 700" in said and "pieces 90" in said and "lines per file" in said and "minutes" not in said
 
 
-def test_each_reading_header_states_its_tables_total_and_time_at_twenty_lines_a_minute():
-    headers = reading_headers()
-    for paper, rows in reading_tables().items():
-        problems = header_problems(headers[paper], sum(n for *_, n in rows))
-        assert not problems, problems
-
-
-def test_the_header_check_catches_a_wrong_count_a_wrong_time_and_no_time():
-    assert header_problems("**Paper A, x** (500 lines, about 25 minutes)", 500) == []
-    assert header_problems("**Paper A, x** (500 lines, about 27 minutes)", 500) == []   # rounded
-    assert "take about 25" in " ".join(header_problems("**Paper A, x** (500 lines, about 30 minutes)", 500))
-    assert "holds 520" in " ".join(header_problems("**Paper A, x** (500 lines, about 25 minutes)", 520))
-    assert "about 40 minutes" in " ".join(header_problems("**Paper A, x** (500 lines, about 40 minutes)", 500))
-    assert "does not say" in " ".join(header_problems("**Paper A, x** (500 lines, about half an hour)", 500))
+def test_readme_paths_reads_a_made_up_reading_order():
+    readme = ("## Reading order\n\n**Paper A, x** (12 lines, about 1 minutes, 3 pieces)\n\n"
+              "    python3 ../shared/tools/reading_path.py train_spt.py:main --contract=a,b\n\n"
+              "| file | lines | what |\n|---|---|---|\n| `model.py` | 7 | m |\n| `train_spt.py` | 5 | t |\n\n"
+              "**Paper B, y** (4 lines, about 0 minutes, 1 pieces)\n\n"
+              "    python3 ../shared/tools/reading_path.py train_flt.py:main --contract=a\n\n"
+              "| file | lines | what |\n|---|---|---|\n| `looped.py` | 4 | l |\n\n## Files\n")
+    paths = readme_paths(readme)
+    assert paths["Paper A"] == ("python3 ../shared/tools/reading_path.py train_spt.py:main --contract=a,b", 12, 1, 3,
+                                {"model.py": 7, "train_spt.py": 5})
+    assert paths["Paper B"][4] == {"looped.py": 4}

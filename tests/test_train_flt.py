@@ -16,13 +16,14 @@ sys.path.insert(0, ROOT)
 
 import corpora  # noqa: E402
 import data_lra  # noqa: E402
-import flt_report  # noqa: E402
-import flt_settings  # noqa: E402
+from plumbing import flt_report, flt_run  # noqa: E402
+from plumbing import flt_settings  # noqa: E402
+import stability  # noqa: E402
 import train_flt  # noqa: E402
 from looped import LoopedTransformer  # noqa: E402
-import runfiles  # noqa: E402
-import training  # noqa: E402
-from training import load_checkpoint, read_log  # noqa: E402
+from plumbing import runfiles  # noqa: E402
+from plumbing import training  # noqa: E402
+from plumbing.training import load_checkpoint, read_log  # noqa: E402
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
         "--warmup_steps=2", "--eval_batches=2", "--eval_interval=3", "--osc_steps=5"]
@@ -238,9 +239,9 @@ def test_default_recipe_is_the_authors_and_adamw_is_ours(tmp_path, text_file):
 
 def test_warmdown_and_momentum_schedules():
     cfg = dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100, min_lr_frac=0.1)
-    lrm = [train_flt.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
+    lrm = [flt_run.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
     assert lrm == [1.0, 1.0, 1.0, 19 / 20, 10 / 20, 1 / 20]           # flat, then linear to 0 over the last 20
-    mom = [train_flt.muon_momentum(it) for it in (0, 150, 300, 2000)]
+    mom = [flt_run.muon_momentum(it) for it in (0, 150, 300, 2000)]
     assert [round(m, 10) for m in mom] == [0.85, 0.9, 0.95, 0.95]
 
 
@@ -274,7 +275,7 @@ def test_hooks_record_the_gradient_of_every_block_output_per_loop():
 
     spy = [m.register_forward_hook(keeper(kind, i)) for i, b in enumerate(model.blocks)
            for kind, m in (("out", b), ("attn", b.attn), ("mlp", b.mlp))]
-    rec = train_flt.BlockGradRecorder(model.blocks)
+    rec = stability.BlockGradRecorder(model.blocks)
     rec.start(3, 2)
     rec.next_micro()
     x = torch.randint(0, 32, (2, 8))
@@ -312,7 +313,7 @@ REFERENCE = [2.95, 2.45, 2.20, 2.05, 1.95, 1.86]           # the 1-loop run's va
 
 
 def test_collapse_rule_on_made_up_curves():
-    verdict = flt_report.collapse_verdict
+    verdict = stability.collapse_verdict
     assert verdict([3.40, 3.31, 3.29, 3.28, 3.28, 3.28], REFERENCE, H) == ("collapsed", "never learned")
     # near the unigram level, not at it: 0.11 nats below H at best, where the reference gained 1.42
     assert verdict([3.28, 3.17, 3.21, 3.26, 3.17, 3.18], REFERENCE, H) == ("collapsed", "never learned")
@@ -334,9 +335,9 @@ def test_separation_rule_on_made_up_curves_of_three_seeds():
     seed-to-seed spread, and B's collapse verdict (the whole curve) is no worse."""
     def variant(*finals, shape=(2.95, 2.45, 2.20, 2.05, 1.95)):          # a curve per seed ending at `final`
         curves = {seed: [*shape, f] for seed, f in zip((1, 2, 3), finals)}
-        return {seed: (c[-1], flt_report.collapse_verdict(c, REFERENCE, H)[0]) for seed, c in curves.items()}
+        return {seed: (c[-1], stability.collapse_verdict(c, REFERENCE, H)[0]) for seed, c in curves.items()}
     flt = variant(1.86, 1.87, 1.85)                                      # sd 0.010
-    rule = lambda a, b: flt_report.separation_verdict(a, b, "FLT", "LT_ia")
+    rule = lambda a, b: stability.separation_verdict(a, b, "FLT", "LT_ia")
     assert rule(flt, variant(1.95, 1.97, 1.94)) == "FLT beats LT_ia"    # 0.09 behind on each seed, sd 0.015
     assert rule(variant(1.95, 1.97, 1.94), flt) == "LT_ia beats FLT"
     assert rule(flt, variant(1.87, 1.86, 1.86)) == "not separated"      # within 0.01: inside the spread
@@ -351,7 +352,7 @@ def test_collapse_rule_calls_the_reported_slow_learner_lagging_not_collapsed():
     """A run whose val loss fell 2.817 -> 2.576 -> 2.397 at steps 100 / 200 / 250 while
     the 1-loop reference reached 1.86: the final-loss rule called it a partial collapse;
     on the whole curve it is a slow learner, still improving."""
-    assert flt_report.collapse_verdict([2.817, 2.576, 2.397], [2.20, 1.95, 1.86], H) == ("lagging", "still improving")
+    assert stability.collapse_verdict([2.817, 2.576, 2.397], [2.20, 1.95, 1.86], H) == ("lagging", "still improving")
 
 
 def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
@@ -359,7 +360,7 @@ def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
     _, s = run(tmp_path, text_file, "k2", "--max_steps=15", f"--reference={ref}")
     assert s["reference_val_loss"] == r["final_val_loss"] < s["unigram_entropy"] - 0.05
     assert s["reference_val_curve"] == r["val_curve"] and s["val_steps"] == r["val_steps"] == [3, 6, 9, 12, 15]
-    assert (s["collapse"], s["collapse_reason"]) == flt_report.collapse_verdict(
+    assert (s["collapse"], s["collapse_reason"]) == stability.collapse_verdict(
         s["val_curve"], r["val_curve"], s["unigram_entropy"])
     with pytest.raises(ValueError, match="max_steps"):
         run(tmp_path, text_file, "k2b", "--max_steps=5", f"--reference={ref}")
@@ -403,20 +404,20 @@ def made_up_gradient_norms(kind, n=200, seed=0):
 
 def test_oscillation_statistics_tell_a_zigzag_from_noise_spikes_and_swings():
     kinds = ("noise", "zigzag", "swing", "noisy swing", "spikes")
-    ac1 = {k: flt_report.grad_dlog_ac1(made_up_gradient_norms(k)) for k in kinds}
+    ac1 = {k: stability.grad_dlog_ac1(made_up_gradient_norms(k)) for k in kinds}
     assert abs(ac1["noise"] + 0.5) < 0.12 and abs(ac1["spikes"] + 0.5) < 0.12      # noise and spikes: -0.5
     assert ac1["zigzag"] < -0.8                                                    # a zig-zag: towards -1
     assert ac1["swing"] > 0.3                                                      # slow swings: above 0 ...
     assert ac1["noise"] + 0.1 < ac1["noisy swing"] < 0.0                           # ... noise pulls towards -0.5
-    zz = {k: flt_report.grad_zigzag(made_up_gradient_norms(k)) for k in ("noise", "zigzag", "swing")}
+    zz = {k: stability.grad_zigzag(made_up_gradient_norms(k)) for k in ("noise", "zigzag", "swing")}
     assert abs(zz["noise"] - 0.3) < 0.15 and zz["zigzag"] > 0.7 and zz["swing"] < zz["noise"]
 
 
 def test_volatility_is_high_for_noise_and_spikes_alike_so_it_is_no_test_of_oscillation():
-    vol = {k: flt_report.grad_volatility(made_up_gradient_norms(k)) for k in ("noise", "zigzag", "spikes")}
+    vol = {k: stability.grad_volatility(made_up_gradient_norms(k)) for k in ("noise", "zigzag", "spikes")}
     assert vol["noise"] > 0.2 and vol["spikes"] > 0.2 and vol["zigzag"] > vol["noise"]
-    calm = flt_report.grad_volatility(np.exp(0.01 * np.random.default_rng(0).standard_normal(200)))
-    assert calm < 0.05 and math.isnan(flt_report.grad_volatility([1.0]))
+    calm = stability.grad_volatility(np.exp(0.01 * np.random.default_rng(0).standard_normal(200)))
+    assert calm < 0.05 and math.isnan(stability.grad_volatility([1.0]))
 
 
 def test_listops_loss_and_accuracy_read_only_the_answer():

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-import spt_report
-import spt_settings
+from plumbing import spt_report
+from plumbing import spt_data, spt_settings
 import train_spt
 from model import select_params
-from training import load_checkpoint, read_log
+from plumbing.training import load_checkpoint, read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task=synthetic", "--log_every=1", "--patience=0"]
@@ -89,7 +89,7 @@ def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
 def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
     run(tmp_path, "--n_train=256", "--n_eval=64", "--epochs=2", "--pretrain_epochs=0", "--freeze=attn")
     fresh = train_spt.build_model(spt_config(TINY + ["--freeze=attn"]),
-                                  [train_spt.load_data("synthetic", "train", spt_config(TINY))])
+                                  [spt_data.load_data("synthetic", "train", spt_config(TINY))])
     trained = load_checkpoint(tmp_path / "finetune_best.pt")["model"]
     start = fresh.state_dict()
     attn = select_params(fresh, "attn")
@@ -101,7 +101,7 @@ def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
 def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
     base, _, _ = spt_vs_scratch
     cfg = spt_config(TINY)
-    data = [train_spt.load_data("synthetic", "train", cfg)]
+    data = [spt_data.load_data("synthetic", "train", cfg)]
     fresh = train_spt.build_model(cfg, data).state_dict()
     model = train_spt.build_model(cfg, data)
     copied = train_spt.hybrid_init(model, base / "spt" / "spt_best.pt", "qk")
@@ -295,7 +295,7 @@ def test_pretrain_schedule_sets_the_spt_phase_alone(tmp_path):
 def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
     flags = ["--task=pathfinder", "--preset=cpu", "--n_generate=200", f"--data_dir={tmp_path}"]
     a, b = (spt_config(flags + [f"--seed={s}"]) for s in (0, 1))
-    data_a, data_b = (train_spt.load_data("pathfinder", "train", c) for c in (a, b))
+    data_a, data_b = (spt_data.load_data("pathfinder", "train", c) for c in (a, b))
     assert len(data_a) == len(data_b) == 160
     assert all(torch.equal(data_a[i][0], data_b[i][0]) and data_a[i][1] == data_b[i][1] for i in range(160))
     w_a, w_b = (train_spt.build_model(c, [data_a]).state_dict() for c in (a, b))
@@ -383,8 +383,8 @@ def test_main_command_says_its_cost_and_the_shorter_commands_before_any_data(tmp
 
 
 def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
-    import cost
-    from training import setup_runtime
+    from plumbing import cost
+    from plumbing.training import setup_runtime
     cfg = spt_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200",
                                 f"--data_dir={tmp_path / 'data'}"])
     gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))

@@ -5,12 +5,12 @@ import os
 import pytest
 import torch
 
-import cost
-import spt_settings
-import training
+from plumbing import cost
+from plumbing import spt_settings
+from plumbing import training
 from configurator import configure
 from model import Transformer, TransformerConfig
-from training import Run, Schedule, load_checkpoint, load_weights, read_log, save_checkpoint
+from plumbing.training import Run, Schedule, load_checkpoint, load_weights, read_log, save_checkpoint
 
 
 def test_configure_parses_types_and_rejects_the_rest():

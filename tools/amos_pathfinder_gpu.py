@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 import data_lra  # noqa: E402  (the repository root, added just above)
 from configurator import configure, run_cli  # noqa: E402
-from training import read_log  # noqa: E402
+from plumbing.training import read_log  # noqa: E402
 
 DEFAULTS = dict(
     out_dir="out/amos_pathfinder_gpu",

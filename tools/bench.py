@@ -49,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
-import runfiles  # noqa: E402
+from plumbing import runfiles  # noqa: E402
 from model import Transformer, TransformerConfig, sinusoidal_table  # noqa: E402
 
 # -----------------------------------------------------------------------------

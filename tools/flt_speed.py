@@ -34,7 +34,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import training  # noqa: E402
+from plumbing import training  # noqa: E402
 import train_flt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
 

@@ -202,7 +202,7 @@ def results_dir(cfg):
 
 def preset_epochs():
     """(SPT epochs, finetuning epochs) of the preset."""
-    import spt_settings
+    from plumbing import spt_settings
     p = spt_settings.preset_values("cpu_rescue", "pathfinder")
     return p["pretrain_epochs"], p["epochs"]
 
@@ -264,16 +264,16 @@ def val_split(d):
         with open(os.path.join(d, "val.json")) as f:
             v = json.load(f)
         return v["n"], v["share"]
-    import train_spt
+    from plumbing import spt_data
     with open(os.path.join(d, "config.json")) as f:
-        val = train_spt.load_data("pathfinder", "val", json.load(f))
+        val = spt_data.load_data("pathfinder", "val", json.load(f))
     return len(val), float(np.mean([int(val[i][1]) for i in range(len(val))]))
 
 
 def keep_record(run_dir, record_dir):
     """Copy a finished run's record (KEPT, and spt_epoch<N>.pt) into record_dir, whole or
     not at all: written beside it, then renamed. Returns record_dir."""
-    import runfiles
+    from plumbing import runfiles
     names = [f for f in KEPT if os.path.exists(os.path.join(run_dir, f))]
     names += sorted(f for f in os.listdir(run_dir) if f.startswith("spt_epoch") and f.endswith(".pt"))
     n, share = val_split(run_dir)
@@ -321,7 +321,7 @@ def core_hours(cfg, name, seed):
     path = os.path.join(folder(cfg["out"], name, seed), "ckpt.pt")
     if not os.path.exists(path):
         return 0.0
-    import runfiles
+    from plumbing import runfiles
     try:
         return runfiles.load_checkpoint(path)["wall_time"] / 3600
     except (OSError, ValueError, KeyError):          # damaged: the run's own resume says so, in its log
@@ -419,7 +419,7 @@ def run_epochs(name):
 
 def progress(cfg, name, seed):
     """(state, epochs done) of one run; epochs count SPT's too."""
-    import training
+    from plumbing import training
     if recorded(cfg, name, seed):
         return "recorded", run_epochs(name)
     d = folder(cfg["out"], name, seed)
@@ -492,7 +492,7 @@ def announce(cfg, used):
 
 def finetune_evals(d):
     """The finetuning phase's validation records of a run, in order."""
-    import training
+    from plumbing import training
     return [r for r in training.read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
 
 
@@ -516,7 +516,7 @@ def take_two(cfg):
 
 def train_spt_config(flags=()):
     """train_spt.py's config of the preset, with flags."""
-    import spt_settings
+    from plumbing import spt_settings
     import train_spt
     return spt_settings.get_config(train_spt.DEFAULTS, BASE + list(flags))
 
@@ -542,7 +542,7 @@ def source_of(d):
 def spt_at(d):
     """(SPT steps, SPT val loss) behind a run: its own SPT phase, or its source's at the
     epoch of the checkpoint it started from; (0, None) for a run from scratch."""
-    import training
+    from plumbing import training
     src = source_of(d)
     where, epoch = src if src else (d, None)
     if not os.path.exists(os.path.join(where, "log.jsonl")):
@@ -583,7 +583,7 @@ def table(runs, offs, n):
 
 def source_table(cfg):
     """Markdown: the SPT-alone records, one row a run: SPT val loss by epoch, 3x3 mass."""
-    import training
+    from plumbing import training
     lines = ["| SPT run | SPT val loss by epoch | best | 3x3 mass after SPT, x uniform | wall h |", "|---|---|---|---|---|"]
     for name in SOURCES:
         for s in [int(x) for x in cfg["seeds"].split(",")]:
@@ -648,7 +648,7 @@ def report(cfg):
 
 def curve(d, phase, key):
     """(steps, values) of one run's records of a phase that hold key."""
-    import training
+    from plumbing import training
     rec = [r for r in training.read_log(d) if r.get("phase") == phase and key in r]
     return np.array([r["step"] for r in rec]), np.array([r[key] for r in rec])
 
@@ -704,10 +704,11 @@ def plot_maps(first, path):
     import torch
     import analysis
     import train_spt
-    from training import load_weights
+    from plumbing import spt_data
+    from plumbing.training import load_weights
     with open(os.path.join(first[0][1], "config.json")) as f:
         cfg = json.load(f)                                    # the run's own flags: its shape and data
-    val = train_spt.load_data("pathfinder", "val", cfg)
+    val = spt_data.load_data("pathfinder", "val", cfg)
     image, maps = val[0][0], {}
     stages = [("init", None)] + [(f"{arm}, trained", os.path.join(d, "finetune_best.pt")) for arm, d in first]
     src = next((source_of(d) for _, d in first if source_of(d)), None)

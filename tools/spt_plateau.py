@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import analysis  # noqa: E402  (the repository root, added just above)
 import train_spt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
-from training import load_checkpoint, load_weights, read_log, setup_runtime  # noqa: E402
+from plumbing.spt_data import load_data  # noqa: E402
+from plumbing.training import load_checkpoint, load_weights, read_log, setup_runtime  # noqa: E402
 
 DEFAULTS = dict(runs="", threshold=0.70, n=16, epoch_only=False)
 
@@ -50,7 +51,7 @@ def grid_mass(run, n):
         return {}
     cfg = load_checkpoint(paths[0])["config"]
     rt = setup_runtime("cpu", "float32", cfg["seed"])
-    val = train_spt.load_data(cfg["task"], "val", cfg)
+    val = load_data(cfg["task"], "val", cfg)
     model = train_spt.build_model(cfg, [val])                 # seeded as the run was: its init
 
     def mass():

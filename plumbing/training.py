@@ -26,9 +26,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import configurator
-import runfiles
+from plumbing import runfiles
 from configurator import Stopped
-from runfiles import load_checkpoint
+from plumbing.runfiles import load_checkpoint
 
 # The signals that stop a run at the end of its step, resume point saved: Ctrl-C, SIGTERM (a
 # cluster's warning before a kill), SIGHUP (a closed terminal), SIGUSR1 (SLURM's --signal=USR1@90).
@@ -232,17 +232,17 @@ def last_good_checkpoint(path):
 # The run: its state, its folder and log, its resume point, and how it stops
 
 class Run:
-    """One training run, the state both scripts' loops read:
+    """One training run: its flags (run.cfg), runtime (run.rt), folder, log, clock and
+    resume point (run.ckpt with --init_from=resume). A stop signal ends the loop at
+    run.tick(), the resume point saved first (run.saver)."""
 
-        with Run(cfg, "train_spt.py", argv, resume_config) as run:   # lock out_dir; setup_runtime
-            ... check the data, build the model (nothing written yet) ...
-            run.begin(keep)                            # config.json, command.txt, log.jsonl
-            ... the loop: run.log(...), run.tick() after each step, run.save_resume(...) ...
-            run.write_summary(summary)
-
-    On entry: the run folder (runfiles.RunFolder) and, with --init_from=resume, its
-    checkpoint (run.ckpt) and resume_config(ckpt, cfg, argv). A stop signal (STOP_SIGNALS)
-    ends a loop at the end of its step, resume point saved (run.saver)."""
+    # with Run(cfg, "train_spt.py", argv, resume_config) as run:   # lock out_dir; setup_runtime
+    #     ... check the data, build the model (nothing written yet) ...
+    #     run.begin(keep)                            # config.json, command.txt, log.jsonl
+    #     ... the loop: run.log(...), run.tick() after each step, run.save_resume(...) ...
+    #     run.write_summary(summary)
+    # On entry: the run folder (runfiles.RunFolder) and, with --init_from=resume, its
+    # checkpoint and resume_config(ckpt, cfg, argv); STOP_SIGNALS are the stop signals.
 
     def __init__(self, cfg, script, argv, resume_config):
         self.cfg, self.script, self.argv, self.resume_config = cfg, script, argv, resume_config

@@ -14,11 +14,10 @@ check_config refuses a bad value, or a flag that does not apply to the run
 import hashlib
 import os
 
-import synthetic
 import configurator
 from configurator import check_memory, check_ranges, configure, flag_value, given_keys, parse_int_list
 from model import PARAM_GROUPS, TransformerConfig
-from runfiles import load_checkpoint
+from plumbing.runfiles import load_checkpoint
 
 IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
 
@@ -110,6 +109,32 @@ PRESETS = {
 }
 
 
+# The run's plumbing flags: where it writes, how it logs and checkpoints, on what device.
+# They change no result (a resumed run may change most of them: RESUME_SAFE).
+RUN_DEFAULTS = dict(
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = end of each epoch only)
+    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution
+    halt_after_steps=0,      # stop as if killed after this many steps (to test resume)
+    report="",               # comma list of folders: their summary.json as one table (spt_report.report)
+    device="auto", dtype="auto",   # auto: bf16 on a GPU that has it, else float32; fast: timed (cost.choose_dtype)
+    compile=False, num_workers=0, debug=False,
+)
+# The model size, optimisation and epochs every task sets: a run folder's name lists them last.
+SIZE_KEYS = ("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "pretrain_epochs", "epochs")
+
+
+def settings_help():
+    """--help's last part: each task's values and each preset's overrides."""
+    lines = ["", "--task=NAME sets (Amos et al.'s values; spt_settings.TASKS):"]
+    lines += [f"  {t}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()) for t, values in TASKS.items()]
+    lines += ["--preset=NAME then sets (spt_settings.PRESETS; '*' = every task):"]
+    lines += [f"  {p} [{t}]: " + ", ".join(f"{k}={v!r}" for k, v in values.items())
+              for p, per_task in PRESETS.items() for t, values in per_task.items()]
+    return "\n".join(lines)
+
+
 def preset_values(preset, task):
     """The overrides --preset=<preset> makes for --task=<task>."""
     return {**PRESETS[preset].get("*", {}), **PRESETS[preset].get(task, {})}
@@ -148,7 +173,8 @@ def get_config(defaults, argv, doc=""):
     preset = flag_value(argv, "preset", defaults["preset"])
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
-    cfg = configure({**defaults, **TASKS[task], **preset_values(preset, task)}, argv, doc)
+    cfg = configure({**defaults, **RUN_DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv,
+                    doc + settings_help())
     cfg = check_config(cfg, given_keys(argv))
     if not cfg["report"]:
         cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg, defaults)
@@ -251,10 +277,12 @@ def check_shape_of(ckpt, cfg, keys=("depth", "n_embd", "n_head", "ffn_mult")):
 def default_out_dir(cfg, defaults):
     """out/<task>_d<depth>_<pretrain_epochs>ep, plus every other flag that differs
     from the task's defaults, so two different runs never share a folder."""
-    base = {**defaults, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
+    base = {**defaults, **RUN_DEFAULTS, **TASKS[cfg["task"]], **preset_values(cfg["preset"], cfg["task"])}
     skip = {"task", "depth", "pretrain_epochs", "out_dir", "overwrite", "device", "dtype", "compile",
             "num_workers", "debug", "log_every", "halt_after_steps"}
-    extra = "".join(f"_{k}-{cfg[k]}" for k in base if k not in skip and cfg[k] != base[k])
+    size = [k for k in TASKS[cfg["task"]] if k in SIZE_KEYS]
+    extra = "".join(f"_{k}-{cfg[k]}" for k in [k for k in base if k not in size] + size
+                    if k not in skip and cfg[k] != base[k])
     extra = extra.replace("/", "-").replace(",", "+")
     if len(extra) > 100:                                  # long: keep it unique, not readable
         extra = extra[:80] + "_" + hashlib.sha1(extra.encode()).hexdigest()[:10]
@@ -265,6 +293,7 @@ def default_out_dir(cfg, defaults):
 def task_vocabulary(task):
     """(vocab size, pad id, mask id) of a task, known without reading its data."""
     if task == "synthetic":
+        import synthetic                                          # here: parsing flags loads no data code
         ds = synthetic.load_split("val", n=2)                     # made in memory: instant
         return ds.vocab_size, ds.pad_id, ds.mask_id
     import data_lra

@@ -13,7 +13,6 @@ import time
 
 import torch
 
-from model import Transformer, TransformerConfig
 
 ANNOUNCE_ABOVE_S = 600
 SHORTER = ("python train_spt.py --task=synthetic            # SPT against scratch on the synthetic task: "
@@ -45,6 +44,7 @@ def image_count(cfg):
 def seconds_per_image(cfg, rt, seq_len, reps=2, batch=2):
     """One training step's time per image of the run's model (forward, loss, backward),
     measured on `batch` random images; the random state is left as it was."""
+    from model import Transformer, TransformerConfig   # here: Paper B's runs never load Paper A's model
     conf = TransformerConfig(vocab_size=258, n_classes=2, max_len=seq_len, n_layer=cfg["depth"],
                              n_head=cfg["n_head"], n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"],
                              pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"],

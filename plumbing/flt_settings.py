@@ -4,7 +4,9 @@ checks run on the flags before any work, so that a bad flag is one line and noth
 is written. train_flt.py keeps DEFAULTS and calls these.
 
   RECIPES          --optim=muon (the authors', the values in DEFAULTS) or adamw (a plain baseline)
-  get_config       DEFAULTS, then the recipe, then every --key=value, then the checks below
+  RUN_DEFAULTS     the run's plumbing flags (out_dir, device, checkpoints, --compare, --evaluate)
+  get_config       DEFAULTS and RUN_DEFAULTS, then the recipe, then every --key=value, then the checks
+  model_args       looped.LoopedConfig's arguments from the flags
   check_config     every flag in its range, and only the flags that apply to this data and recipe
   only_flags       --compare and --evaluate read finished runs: no training flag beside them
   resume_config    what --init_from=resume continues with (RESUME_SAFE flags may change)
@@ -15,7 +17,7 @@ import json
 import os
 
 import configurator
-from training import read_log
+from plumbing.training import read_log
 from looped import LOSS_TYPES, VARIANTS
 
 # The recipes, applied over DEFAULTS and before the command line: a key given as a flag
@@ -34,6 +36,27 @@ RECIPES = {
 }
 MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
 
+# The run's plumbing flags: where it writes and reads, how often it checkpoints, on what
+# device, and the two modes that read finished runs instead of training.
+RUN_DEFAULTS = dict(
+    out_dir="out/flt",
+    data_dir="data/stdlib_docstrings",   # where the stdlib corpus is cached
+    block_grads_every=1,     # log the per-(loop, block) gradient norms every N steps (0 = never; the
+                             # gradient statistics read every step's total norm, never these)
+    ckpt_interval=200,
+    init_from="scratch",     # scratch or resume (from out_dir/ckpt.pt)
+    stop_step=0,             # stop after this many steps (checkpointed), keeping max_steps' schedule; 0 = none
+    sample_tokens=0,         # print a sample of this many bytes at the end (byte data)
+    device="auto",           # auto, cpu, cuda, cuda:1, mps
+    dtype="auto",            # auto (bfloat16 on a capable GPU, else float32), fast (the faster of the two here,
+                             # timed on this run's model: cost.choose_dtype), float32, bfloat16
+    compile=False,           # torch.compile the model
+    compare="",              # DIR1,DIR2,...: draw the figures of finished runs into out_dir and exit (flt_report.py)
+    evaluate="",             # DIR: print the test-time loop curve of the run in DIR (its ckpt.pt) and exit
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    debug=False,             # show the traceback of a user error
+)
+
 # --init_from=resume continues the run in --out_dir, wherever that folder now is, with the
 # checkpoint's config. Of the flags given with it, these are applied and recorded in config.json
 # and log.jsonl (they cannot change what was computed so far); any other that differs is refused.
@@ -47,7 +70,7 @@ def get_config(defaults, argv, doc):
     optim = configurator.flag_value(argv, "optim", defaults["optim"])
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
-    cfg = configurator.configure({**defaults, **RECIPES[optim]}, argv, doc)
+    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **RECIPES[optim]}, argv, doc)
     check_test_loops(cfg)
     given = configurator.given_keys(argv)
     if cfg["compare"]:
@@ -60,6 +83,14 @@ def get_config(defaults, argv, doc):
         if cfg["reference"]:
             check_reference(cfg)
     return cfg
+
+
+def model_args(cfg):
+    """looped.LoopedConfig's arguments from the flags (byte data: 256 tokens)."""
+    byte_data = cfg["data"] == "stdlib" or not os.path.isdir(cfg["data"])
+    return dict(vocab_size=256 if byte_data else cfg["vocab_size"], **{k: cfg[k] for k in (
+        "block_size", "n_layer", "n_loops", "n_head", "n_embd", "ffn_mult", "variant", "loss_type", "qk_norm",
+        "softcap", "lm_head_std")})
 
 
 def check_test_loops(cfg):

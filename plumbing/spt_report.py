@@ -2,6 +2,7 @@
 Tables and figures of train_spt.py's run folders (config.json, log.jsonl, summary.json,
 snapshots.jsonl), as flt_report.py is for train_flt.py:
 
+  summarize       a finished run's summary.json, its figures and its last line
   plot_run        a run's curves.png (train loss per step, val loss and accuracy per epoch)
                   and attention_evolution.png (its attention snapshots)
   report          --report=DIR,...: one markdown row per run, a row per group of runs that
@@ -15,8 +16,33 @@ import os
 import numpy as np
 
 import analysis
-import runfiles
-from training import read_log
+from plumbing import runfiles
+from plumbing.training import read_log
+
+
+def summarize(run, seen, model, val_ds, results):
+    """summary.json (the run's flags, its results, the attention statistics at each
+    stage) and the figures: curves, proximity, attention evolution, the 2-D maps."""
+    cfg, rt = run.cfg, run.rt
+    summary = dict(task=cfg["task"], depth=cfg["depth"], pretrain_epochs=results.pop("pretrain_epochs"),
+                   epochs=cfg["epochs"], pretrain_task=cfg["pretrain_task"] or cfg["task"],
+                   init_from=cfg["init_from"], init_params=cfg["init_params"], freeze=cfg["freeze"],
+                   pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"],
+                   **results, n_params=model.num_params(), world_size=rt.world_size)
+    if rt.ddp:
+        summary["replica_max_diff"] = run.replica_max_diff(model)
+    if not rt.master:
+        return summary
+    summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
+    run.write_summary(summary)
+    seen.plot(val_ds[0][0])
+    plot_run(cfg["out_dir"])
+    last = "finetune" if "test_acc" in summary else "spt"                 # "spt": SPT alone (--epochs=0)
+    done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
+            else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
+    print(f"{done}; attention mass within |i-j|<=2: init {summary['mass_w2_init']:.3f}, final "
+          f"{summary['mass_w2_' + last]:.3f} (uniform {summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+    return summary
 
 
 def plot_run(out_dir):

@@ -1,0 +1,13 @@
+"""The run plumbing: what every experiment needs and neither paper is about.
+
+A reader of the papers can stop at the top level (model.py, looped.py, train_spt.py,
+train_flt.py, ...) and read the names used from here by their docstrings alone:
+
+    training.py      the training core: Run (run folder, resume, signals), Schedule, NonFiniteGuard
+    runfiles.py      file safety: atomic writes, manifests, checkpoints that are finite or refused
+    cost.py          the cost notice a long run prints first, and the dtype choice
+    spt_settings.py  Amos et al.'s per-task values, the presets, the checks of train_spt.py's flags
+    flt_settings.py  the checks and schedules of train_flt.py's flags
+    spt_report.py    Paper A's tables and figures over run folders
+    flt_report.py    Paper B's tables, figures and the collapse rule over run folders
+"""
