@@ -25,7 +25,6 @@ import torch
 from tqdm import tqdm
 
 import data_lra
-from plumbing import runfiles
 
 # The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
 # shuffled, and the ListOps expressions drawn, with this seed, so every run trains on the
@@ -76,7 +75,7 @@ def prepare_stdlib(data_dir, root=None):
         n = int(0.9 * len(raw))
         os.makedirs(data_dir, exist_ok=True)
         for path, part in zip(paths, (raw[:n], raw[n:])):
-            runfiles.write_file(path, part.tofile)
+            data_lra.write_atomically(path, part.tofile)       # as LRA's caches: never half a file
         data_lra.write_sidecar(sidecar, key, paths)
         print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
               f"into {data_dir}/train.bin, val.bin")

@@ -519,10 +519,10 @@ def write_listops_tsv(path, rows):
 
 def _atomic_write_text(path, text):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    _write_atomically(path, lambda f: f.write(text.encode("utf-8")))
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def _write_atomically(path, write):
+def write_atomically(path, write):
     """write(f) into a temp file beside `path`, then rename it over `path`: a kill or a full
     disk never leaves half a cache file, and the temp file never outlives a failure. (This
     file carries these lines itself so that it can be copied with pathfinder.py alone.)"""
@@ -809,7 +809,7 @@ def _load_npz(path, key):
 
 def _save_npz(path, key, **arrays):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _write_atomically(path, lambda f: np.savez(f, **arrays))
+    write_atomically(path, lambda f: np.savez(f, **arrays))
     write_sidecar(path + ".json", key, [path])
 
 
@@ -871,7 +871,7 @@ def save_sample_grid(path, resolution=32, per_difficulty=8, seed=0, difficulties
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
-        _write_atomically(path, lambda f: fig.savefig(f, dpi=100, format="png"))
+        write_atomically(path, lambda f: fig.savefig(f, dpi=100, format="png"))
     finally:
         plt.close(fig)
     return path
