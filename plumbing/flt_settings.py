@@ -70,7 +70,10 @@ def get_config(defaults, argv, doc):
     optim = configurator.flag_value(argv, "optim", defaults["optim"])
     if optim not in RECIPES:
         raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
-    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **RECIPES[optim]}, argv, doc)
+    recipes = "\n".join(f"  --optim={name}: " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "DEFAULTS' values")
+                        for name, values in RECIPES.items())
+    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **RECIPES[optim]}, argv,
+                                 doc + "\n--optim=NAME sets (flt_settings.RECIPES):\n" + recipes)
     check_test_loops(cfg)
     given = configurator.given_keys(argv)
     if cfg["compare"]:

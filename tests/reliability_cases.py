@@ -194,7 +194,8 @@ def tell(results):
 def inproc(script, argv, patch=""):
     """A script's command line run in a fresh Python after `patch` (a line of Python that
     simulates what a test cannot arrange for real, e.g. a full disk)."""
-    code = (f"import sys; sys.path.insert(0, {REPO!r}); import configurator, torch, training, runfiles, shutil, types; "
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import configurator, torch, shutil, types; "
+            f"from plumbing import training, runfiles, spt_phase; "
             f"import {script} as s; {patch}; configurator.run_cli(s.main, {argv!r})")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
@@ -481,8 +482,8 @@ def round_three_resume(results, work, flt):
     results["3 snapshots.jsonl trimmed on resume"] = classify(rc, o, expect_error=False, wrong=snaps("dc") != snaps("dw"))
     s = json.load(open("dc/summary.json")) if os.path.exists("dc/summary.json") else {}
     results["3 a resumed run keeps its init_from"] = classify(rc, o, expect_error=False, wrong=s.get("init_from") != "")
-    patch = ("real = s.Phase.save; calls = []; "
-             "s.Phase.save = lambda self: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(self))")
+    patch = ("real = spt_phase.PhaseLedger.save; calls = []; "
+             "spt_phase.PhaseLedger.save = lambda self: (calls.append(1), sys.exit('killed') if len(calls) == 2 else real(self))")
     inproc("train_spt", SPT + ["--out_dir=kv", "--ckpt_every=4"], patch)
     rc, o = run("train_spt.py", ["--task=synthetic", "--out_dir=kv", "--init_from=resume"], work)
     vals = [r for r in map(json.loads, open("kv/log.jsonl")) if "val_loss" in r] if os.path.exists("kv/log.jsonl") else []

@@ -52,6 +52,7 @@ def test_configurator_rejects_bad_keys_through_the_script():
         train_flt.main(["--n_loops=twelve"])
     helped = subprocess.run([sys.executable, "train_flt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert helped.returncode == 0 and "--variant='FLT'" in helped.stdout and "--n_loops=12" in helped.stdout
+    assert "--optim=adamw: lr=0.003" in helped.stdout and "--ckpt_interval=200" in helped.stdout   # recipes, plumbing
 
 
 def test_missing_data_path_is_named(tmp_path):

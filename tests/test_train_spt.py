@@ -390,3 +390,12 @@ def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
     gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))
     assert 0 < gen_s + train_s < cost.ANNOUNCE_ABOVE_S and capsys.readouterr().out == ""
     assert cost.announce(dict(cfg, task="synthetic"), setup_runtime("cpu", "float32")) is None
+
+
+def test_help_lists_every_flag_every_task_and_every_preset():
+    out = subprocess.run([sys.executable, "train_spt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "--depth=4" in out.stdout and "--out_dir=''" in out.stdout            # DEFAULTS and RUN_DEFAULTS
+    for task in spt_settings.TASKS:
+        assert f"\n  {task}: depth=" in out.stdout, task                          # Amos et al.'s values per task
+    assert "cpu_rescue [pathfinder]: difficulty='baseline'" in out.stdout
