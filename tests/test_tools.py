@@ -428,3 +428,43 @@ def test_flt_speed_times_the_variants_side_by_side_and_checks_their_losses(tmp_p
     assert set(result["rows"]) == {"today", "hooks/10", "no hooks"} and result["rows"]["today"]["ratio"] == 1.0
     assert all(r["max_loss_diff"] < 5e-4 for r in result["rows"].values()) and "agree to 3 decimals" in shown
     assert all(v > 0 for v in list(result["profile"].values())[:2]) and "the hooks (today - no hooks)" in shown
+
+
+@pytest.mark.slow
+def test_rescue_never_starts_a_run_going_elsewhere_and_gives_it_a_slot(tmp_path, capsys, monkeypatch):
+    """A driver stopped earlier can leave its runs going: a new driver counts each as a
+    slot taken, starts nothing in its place, and starts (resumes) it only once it has
+    stopped without a summary."""
+    tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
+            "--batch_size=8 --log_every=1 --dtype=float32 --epochs=1")
+    checks = []
+
+    def live(d):                                   # spt_pretrain_s0 "runs elsewhere" for its first 3 checks
+        checks.append(d)
+        return d.endswith("spt_pretrain_s0") and len([c for c in checks if c.endswith("spt_pretrain_s0")]) <= 3
+    monkeypatch.setattr(rescue, "live", live)
+    monkeypatch.setattr(rescue.time, "sleep", lambda s: None)
+    rescue.main(["--action=run", f"--out={tmp_path / 'out'}", f"--results={tmp_path / 'results'}", "--seeds=0",
+                 "--arms=spt,scratch", "--slots=1", f"--extra={tiny}", "--extra_spt=--pretrain_epochs=1"])
+    printed = capsys.readouterr().out.splitlines()
+    elsewhere = [i for i, line in enumerate(printed) if line.startswith("running elsewhere, not started again")]
+    starts = [i for i, line in enumerate(printed) if line.startswith("start: ")]
+    assert len(elsewhere) == 1 and starts and elsewhere[0] < starts[0], printed    # nothing started in its slot
+    assert printed[starts[0]].endswith("spt_pretrain_s0") or "scratch_s0" in printed[starts[0]], printed
+
+
+def test_a_stop_signal_to_the_driver_stops_its_runs_with_their_resume_points():
+    class Child:
+        def __init__(self):
+            self.sent, self.waited = [], False
+
+        def send_signal(self, signum):
+            self.sent.append(signum)
+
+        def wait(self):
+            self.waited = True
+    going = {("spt", 0): Child(), ("qk", 0): Child()}
+    with pytest.raises(SystemExit) as stopped:
+        rescue.stop_runs(going, rescue.signal.SIGTERM)
+    assert stopped.value.code == 128 + rescue.signal.SIGTERM
+    assert all(c.sent == [rescue.signal.SIGTERM] and c.waited for c in going.values())

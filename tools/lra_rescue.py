@@ -48,6 +48,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -346,7 +347,10 @@ def command(cfg, name, seed):
 
 def run(cfg):
     """Start every unrecorded run when its needs are recorded, cfg["slots"] at a time, until
-    the gate closes or the core-hour budget is spent; record each run as it finishes."""
+    the gate closes or the core-hour budget is spent; record each run as it finishes. A run
+    already going in another process (a driver stopped earlier left it running) takes a slot
+    and is never started twice; it is recorded when it ends. A stop signal to the driver
+    stops its runs too, each at the end of a step with its resume point saved."""
     if cfg["dry"]:
         for name, seed, _ in jobs(cfg):
             flags = run_flags(name, seed, results_dir(cfg)) + more_flags(cfg, name)
@@ -355,43 +359,75 @@ def run(cfg):
     record_finished(cfg)
     spent = {(n, s): core_hours(cfg, n, s) for n, s, _ in jobs(cfg)}   # renewed when a run ends
     announce(cfg, sum(spent.values()))
-    going, failed, started, stop = {}, set(), {}, gate(cfg)
-    while True:
-        for key, p in list(going.items()):                      # first the runs that have ended
-            if p.poll() is not None:
-                del going[key], started[key]
-                d = folder(cfg["out"], *key)
-                if os.path.exists(os.path.join(d, "summary.json")):
-                    record_finished(cfg)
-                    print(f"done: {d}", flush=True)
-                else:
-                    failed.add(key)
-                    print(f"FAILED: {d} (see {d}.log)", flush=True)
-                spent[key], stop = core_hours(cfg, *key), gate(cfg)    # judged again when a run ends
-        used = sum(h + (time.time() - started[k]) / 3600 if k in going else h for k, h in spent.items())
-        todo = [(n, s, needs) for n, s, needs in jobs(cfg)
-                if not recorded(cfg, n, s) and (n, s) not in going and (n, s) not in failed]
-        ready = [(n, s) for n, s, needs in todo if all(recorded(cfg, *k) for k in needs)]
-        if used >= cfg["max_core_hours"]:
-            ready = []
-        if stop:
-            ready = [(n, s) for n, s in ready if n in UNGATED or n in SOURCES]
-        for name, seed in ready[:max(0, cfg["slots"] - len(going))]:
-            d = folder(cfg["out"], name, seed)
-            os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
-            print(f"start: {d}", flush=True)
-            with open(d + ".log", "a") as log:
-                going[name, seed] = subprocess.Popen(command(cfg, name, seed), stdout=log,
-                                                     stderr=subprocess.STDOUT, cwd=ROOT,
-                                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
-            started[name, seed] = time.time()
-        if not going:
-            break
-        time.sleep(2)
+    going, failed, started, stop, elsewhere = {}, set(), {}, gate(cfg), set()
+    handlers = {sig: signal.signal(sig, lambda signum, frame: stop_runs(going, signum)) for sig in STOP_SIGNALS}
+    try:
+        while True:
+            for key, p in list(going.items()):                      # first the runs that have ended
+                if p.poll() is not None:
+                    del going[key], started[key]
+                    d = folder(cfg["out"], *key)
+                    if os.path.exists(os.path.join(d, "summary.json")):
+                        record_finished(cfg)
+                        print(f"done: {d}", flush=True)
+                    else:
+                        failed.add(key)
+                        print(f"FAILED: {d} (see {d}.log)", flush=True)
+                    spent[key], stop = core_hours(cfg, *key), gate(cfg)    # judged again when a run ends
+            used = sum(h + (time.time() - started[k]) / 3600 if k in going else h for k, h in spent.items())
+            todo = [(n, s, needs) for n, s, needs in jobs(cfg)
+                    if not recorded(cfg, n, s) and (n, s) not in going and (n, s) not in failed]
+            now_elsewhere = {(n, s) for n, s, _ in todo if live(folder(cfg["out"], n, s))}
+            for key in sorted(now_elsewhere - elsewhere):
+                print(f"running elsewhere, not started again: {folder(cfg['out'], *key)}", flush=True)
+            if elsewhere - now_elsewhere:                           # one of them has ended
+                record_finished(cfg)
+                spent.update({k: core_hours(cfg, *k) for k in elsewhere - now_elsewhere})
+            elsewhere = now_elsewhere
+            ready = [(n, s) for n, s, needs in todo
+                     if (n, s) not in elsewhere and all(recorded(cfg, *k) for k in needs)]
+            if used >= cfg["max_core_hours"]:
+                ready = []
+            if stop:
+                ready = [(n, s) for n, s in ready if n in UNGATED or n in SOURCES]
+            for name, seed in ready[:max(0, cfg["slots"] - len(going) - len(elsewhere))]:
+                going[name, seed], started[name, seed] = start_run(cfg, name, seed), time.time()
+            if not going and not elsewhere:
+                break
+            time.sleep(2)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     left = [(n, s) for n, s, _ in jobs(cfg) if not recorded(cfg, n, s)]
     print(stop or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
                         cfg["max_core_hours"] else ""))
     print(f"{len(left)} runs not recorded" if left else "every run recorded")
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def start_run(cfg, name, seed):
+    """One run as a child process, one thread, its output appended to <folder>.log."""
+    d = folder(cfg["out"], name, seed)
+    os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
+    print(f"start: {d}", flush=True)
+    with open(d + ".log", "a") as log:
+        return subprocess.Popen(command(cfg, name, seed), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def stop_runs(going, signum):
+    """A stop signal to the driver: pass SIGTERM to each run (it stops at the end of its
+    step, resume point saved), wait for them, then stop with 128 + the signal's number.
+    Run again, the driver resumes them."""
+    for p in going.values():
+        p.send_signal(signal.SIGTERM)
+    for p in going.values():
+        p.wait()
+    print(f"stopped by signal {signum}: {len(going)} run(s) saved their resume point; run again to resume",
+          flush=True)
+    raise SystemExit(128 + signum)
 
 
 # -----------------------------------------------------------------------------
