@@ -10,7 +10,7 @@ train_flt.py, ...) and read the names used from here by their docstrings alone:
     runfiles.py      file safety: atomic writes, manifests, checkpoints that are finite or refused
     cost.py          the cost notice a long run prints first, and the dtype choice
     spt_settings.py  Amos et al.'s per-task values, the presets, the checks of train_spt.py's flags
-    flt_settings.py  the checks and schedules of train_flt.py's flags
+    flt_settings.py  the recipes (--optim) and the checks of train_flt.py's flags
     spt_report.py    Paper A's tables and figures over run folders
     flt_report.py    Paper B's tables and figures over run folders (the rules: stability.py)
 """
