@@ -17,7 +17,8 @@ The figures and the table:
                            over seeds: the mean and spread (with grad volatility, grad dlog ac1
                            and grad zigzag side by side), the gap to FLT paired by seed, the
                            separation rule against FLT (separation_verdict),
-                           the residual norm over training,
+                           the residual norm over training, the gradient statistics over
+                           the first 200 steps, the whole run and its second half (runs past 250),
                            the gradient reaching each loop, and the test-time loop curve
 
 A colour per variant throughout. Every run also draws its own figures at its end.
@@ -33,7 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from plumbing import runfiles
-from stability import judge_curves, separation_verdict
+from stability import gradient_statistics, judge_curves, separation_verdict
 from plumbing.training import read_log
 
 CURVES = ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png")
@@ -134,7 +135,7 @@ def plot_runs(dirs, out_dir, quiet=False):
                            optim, variants, Ks, out_dir)
     rows = compare_table(runs)
     tables = [rows, seed_table(runs), paired_table(runs), separation_table(runs), residual_table(runs),
-              grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
+              grad_window_table(runs), grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
         test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
                                                              ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
     runfiles.write_file(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
@@ -417,10 +418,21 @@ def separation_table(runs, against="FLT", others=("FLT_res", "LT_ia", "LT_i", "L
     return rows
 
 
-def residual_table(runs, at_steps=(25, 50, 100, 150, 200, 250)):
+def residual_steps(runs):
+    """The steps residual_table reads: the map's first 250 in six, or, for longer runs (the
+    2,000-step window), 25 and 250 then each quarter of the longest run, so a reader sees
+    whether the norm grows, plateaus or explodes, and when (B2)."""
+    last = max((x["step"] for r in runs for x in r.log if "residual_norms" in x), default=250)
+    if last <= 250:
+        return (25, 50, 100, 150, 200, 250)
+    return (25, 250, last // 4, last // 2, 3 * last // 4, last)
+
+
+def residual_table(runs, at_steps=None):
     """A markdown row per (data, recipe, variant, K, lr): the residual norm (the largest
-    over loops) at a few steps, mean over seeds, so growth over training reads apart
-    from an early explosion; then, per seed, the loop and step of the peak."""
+    over loops) at a few steps (residual_steps), mean over seeds, so growth over training
+    reads apart from an early explosion; then, per seed, the loop and step of the peak."""
+    at_steps = at_steps or residual_steps(runs)
     rows = ["| data | variant | K | seeds | " + " | ".join(f"step {t}" for t in at_steps) + " | peak (loop, step) per seed |",
             "|" + "---|" * (5 + len(at_steps))]
     for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
@@ -429,6 +441,30 @@ def residual_table(runs, at_steps=(25, 50, 100, 150, 200, 250)):
                 for t in at_steps]
         rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | " + " | ".join(cols)
                     + f" | {'; '.join(peak_residual(r.summary) for r in cell)} |")
+    return rows
+
+
+def grad_window_table(runs, first=200):
+    """For runs longer than 250 steps (the 2,000-step window), a markdown row per (data,
+    recipe, variant, K, lr): the gradient statistics (stability.gradient_statistics, on
+    the logged total norms) over the first `first` steps, the whole run and its second
+    half, mean ± std over seeds, so B3's "oscillating in the first steps" reads against
+    the rest of training. No rows for shorter runs (their summary holds the first 200)."""
+    last = max((x["step"] for r in runs for x in r.log if "grad_norm" in x), default=0)
+    if last <= 250:
+        return []
+    windows = ((1, first), (1, last), (last // 2 + 1, last))
+    names = [f"{a}-{b}" for a, b in windows]
+    rows = ["| data | variant | K | seeds | " + " | ".join(f"{stat} {n}" for stat in ("volatility", "dlog ac1", "zigzag")
+                                                    for n in names) + " |", "|" + "---|" * (4 + 3 * len(windows))]
+    for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        cols = []
+        for stat in ("grad_volatility", "grad_dlog_ac1", "grad_zigzag"):
+            for a, b in windows:
+                v = [gradient_statistics([x["grad_norm"] for x in r.log if "grad_norm" in x and a <= x["step"] <= b])[stat]
+                     for r in cell]
+                cols.append(f"{np.mean(v):.2f}" + (f" ± {np.std(v, ddof=1):.2f}" if len(v) > 1 else ""))
+        rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | " + " | ".join(cols) + " |")
     return rows
 
 

@@ -521,6 +521,37 @@ def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
     assert len(paired) == 3 and "| LT_i | 6 | 1.0 | 1, 3 | -0.005 ± 0.021 (0.010, -0.020) |" in paired[2]
 
 
+def test_residual_table_reads_the_whole_window_of_longer_runs():
+    from types import SimpleNamespace as NS
+
+    def fake(seed, steps):   # a made-up norm that grows with the step, largest in the last loop
+        log = [{"step": t, "residual_norms": [t / 10, t / 5]} for t in range(1, steps + 1)]
+        return NS(dir=f"s{seed}", log=log, summary={"final_val_loss": 1.5},
+                  cfg=dict(data="stdlib", optim="muon", variant="FLT", n_loops=12, lr_mult=1.0, seed=seed))
+    short = flt_report.residual_table([fake(1, 250)])
+    assert "| step 25 | step 50 | step 100 | step 150 | step 200 | step 250 |" in short[0]
+    window = flt_report.residual_table([fake(1, 2000), fake(2, 2000)])
+    assert "| step 25 | step 250 | step 500 | step 1000 | step 1500 | step 2000 |" in window[0]
+    assert "| stdlib | FLT | 12 | 2 | 5 | 50 | 100 | 200 | 300 | 400 |" in window[2]
+
+
+def test_gradient_statistics_over_the_window_read_the_first_steps_apart_from_the_rest():
+    from types import SimpleNamespace as NS
+    rng = np.random.default_rng(0)
+
+    def fake(seed, steps):   # a zig-zag for the first 1,000 steps, independent noise after
+        g = [1.0 + (t % 2) if t <= 1000 else float(np.exp(rng.normal(0, 0.1))) for t in range(1, steps + 1)]
+        return NS(dir=f"s{seed}", log=[{"step": t, "grad_norm": x} for t, x in zip(range(1, steps + 1), g)],
+                  summary={"final_val_loss": 1.5},
+                  cfg=dict(data="stdlib", optim="muon", variant="LT", n_loops=12, lr_mult=1.0, seed=seed))
+    assert flt_report.grad_window_table([fake(1, 250)]) == []
+    rows = flt_report.grad_window_table([fake(1, 2000), fake(2, 2000)])
+    assert "| dlog ac1 1-200 | dlog ac1 1-2000 | dlog ac1 1001-2000 |" in rows[0]
+    cells = rows[2].strip("|").split("|")
+    assert float(cells[7].split("±")[0]) < -0.95                # the zig-zag of the first 200 steps
+    assert -0.6 < float(cells[9].split("±")[0]) < -0.4          # noise in the second half: about -0.5
+
+
 def test_verdict_line_says_learned_plateau_or_nan_from_made_up_summaries():
     base = dict(variant="LT", n_loops=12, final_val_loss=3.326, unigram_entropy=3.281, max_residual_norm=123.4,
                 nan_step=None)
