@@ -418,11 +418,16 @@ def separation_table(runs, against="FLT", others=("FLT_res", "LT_ia", "LT_i", "L
     return rows
 
 
+def last_logged_step(runs, key, default=250):
+    """The last step at which any run's log holds key (default if none does)."""
+    return max((x["step"] for r in runs for x in r.log if key in x), default=default)
+
+
 def residual_steps(runs):
     """The steps residual_table reads: the map's first 250 in six, or, for longer runs (the
     2,000-step window), 25 and 250 then each quarter of the longest run, so a reader sees
     whether the norm grows, plateaus or explodes, and when (B2)."""
-    last = max((x["step"] for r in runs for x in r.log if "residual_norms" in x), default=250)
+    last = last_logged_step(runs, "residual_norms")
     if last <= 250:
         return (25, 50, 100, 150, 200, 250)
     return (25, 250, last // 4, last // 2, 3 * last // 4, last)
@@ -450,7 +455,7 @@ def grad_window_table(runs, first=200):
     the logged total norms) over the first `first` steps, the whole run and its second
     half, mean ± std over seeds, so B3's "oscillating in the first steps" reads against
     the rest of training. No rows for shorter runs (their summary holds the first 200)."""
-    last = max((x["step"] for r in runs for x in r.log if "grad_norm" in x), default=0)
+    last = last_logged_step(runs, "grad_norm")
     if last <= 250:
         return []
     windows = ((1, first), (1, last), (last // 2 + 1, last))
@@ -458,11 +463,12 @@ def grad_window_table(runs, first=200):
     rows = ["| data | variant | K | seeds | " + " | ".join(f"{stat} {n}" for stat in ("volatility", "dlog ac1", "zigzag")
                                                     for n in names) + " |", "|" + "---|" * (4 + 3 * len(windows))]
     for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
+        stats = [[gradient_statistics([x["grad_norm"] for x in r.log if "grad_norm" in x and a <= x["step"] <= b])
+                  for r in cell] for a, b in windows]           # per window, per seed: computed once
         cols = []
         for stat in ("grad_volatility", "grad_dlog_ac1", "grad_zigzag"):
-            for a, b in windows:
-                v = [gradient_statistics([x["grad_norm"] for x in r.log if "grad_norm" in x and a <= x["step"] <= b])[stat]
-                     for r in cell]
+            for per_seed in stats:
+                v = [g[stat] for g in per_seed]
                 cols.append(f"{np.mean(v):.2f}" + (f" ± {np.std(v, ddof=1):.2f}" if len(v) > 1 else ""))
         rows.append(f"| {os.path.basename(str(data))} | {variant} | {K} | {len(cell)} | " + " | ".join(cols) + " |")
     return rows
