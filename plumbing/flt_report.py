@@ -232,12 +232,13 @@ def draw_test_time_loops(ax, r, c):
 
 
 def draw_residual_norms(plt, runs, variants, Ks, out_dir):
-    """A grid, rows = variants, columns = K; one line per loop, light to dark."""
+    """A grid, rows = variants, columns = K; one line per loop, light to dark. A (variant, K)
+    with no run (the 1-loop reference is one variant's) gets a blank cell, not an empty plot."""
     fig, axes = plt.subplots(len(variants), len(Ks), figsize=(max(3.6 * len(Ks), 5), 2.2 * len(variants)),
                              squeeze=False, sharex=True)
     for i, v in enumerate(variants):
         for j, K in enumerate(Ks):
-            ax = axes[i][j]
+            ax, drawn = axes[i][j], False
             for r in runs:
                 tr = [x for x in r.log if "residual_norms" in x]
                 if r.cfg["variant"] == v and r.cfg["n_loops"] == K and tr:           # a run in its first step has none
@@ -246,6 +247,10 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
                         ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,
                                 color=plt.get_cmap("viridis")(t / max(1, arr.shape[1] - 1)))
                     ax.set_yscale("log")
+                    drawn = True
+            if not drawn:
+                ax.axis("off")
+                continue
             ax.set_title(f"{v}, K={K}", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
