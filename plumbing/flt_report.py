@@ -238,19 +238,18 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
                              squeeze=False, sharex=True)
     for i, v in enumerate(variants):
         for j, K in enumerate(Ks):
-            ax, drawn = axes[i][j], False
-            for r in runs:
-                tr = [x for x in r.log if "residual_norms" in x]
-                if r.cfg["variant"] == v and r.cfg["n_loops"] == K and tr:           # a run in its first step has none
-                    arr = np.array([x["residual_norms"] for x in tr])
-                    for t in range(arr.shape[1]):
-                        ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,
-                                color=plt.get_cmap("viridis")(t / max(1, arr.shape[1] - 1)))
-                    ax.set_yscale("log")
-                    drawn = True
-            if not drawn:
+            ax = axes[i][j]
+            cell = [r for r in runs if r.cfg["variant"] == v and r.cfg["n_loops"] == K]
+            traces = [t for t in ([x for x in r.log if "residual_norms" in x] for r in cell) if t]  # a run in its first step has none
+            if not traces:
                 ax.axis("off")
                 continue
+            for tr in traces:
+                arr = np.array([x["residual_norms"] for x in tr])
+                for t in range(arr.shape[1]):
+                    ax.plot([x["step"] for x in tr], arr[:, t], lw=0.8,
+                            color=plt.get_cmap("viridis")(t / max(1, arr.shape[1] - 1)))
+            ax.set_yscale("log")
             ax.set_title(f"{v}, K={K}", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
