@@ -236,6 +236,7 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
     with no run (the 1-loop reference is one variant's) gets a blank cell, not an empty plot."""
     fig, axes = plt.subplots(len(variants), len(Ks), figsize=(max(3.6 * len(Ks), 5), 2.2 * len(variants)),
                              squeeze=False, sharex=True)
+    lowest = {}                                            # the last drawn cell of each column
     for i, v in enumerate(variants):
         for j, K in enumerate(Ks):
             ax = axes[i][j]
@@ -253,6 +254,9 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
             ax.set_title(f"{v}, K={K}", fontsize=8)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
+            lowest[j] = ax
+    for ax in lowest.values():                             # sharex labels only the bottom row, which may be blank
+        ax.tick_params(labelbottom=True)
     fig.suptitle("residual norm per loop vs step\n"
                  "(mean token L2 before the final norm; purple = loop 1, yellow = last)", fontsize=9)
     fig.tight_layout()
