@@ -120,8 +120,11 @@ def plot_runs(dirs, out_dir, quiet=False):
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel(ylabel)
-        if axes[0][-1].get_legend_handles_labels()[0]:
-            axes[0][-1].legend(fontsize=7)
+        one_each = {}                                   # one legend entry a variant, not one a seed
+        for handle, label in zip(*axes[0][-1].get_legend_handles_labels()):
+            one_each.setdefault(label, handle)
+        if one_each:
+            axes[0][-1].legend(one_each.values(), one_each.keys(), fontsize=7)
         fig.tight_layout()
         save_figure(plt, fig, os.path.join(out_dir, name), dpi=90)
 

@@ -199,6 +199,20 @@ def test_the_residual_figure_leaves_a_cell_without_a_run_blank(tmp_path, text_fi
     assert shown == [("", False, False), ("", False, False), ("FLT, K=3", True, True), ("LT, K=2", True, True)]
 
 
+def test_the_curve_legends_name_each_variant_once_however_many_seeds(tmp_path, text_file, monkeypatch):
+    runs = [run(tmp_path, text_file, f"s{s}", "--max_steps=3", "--variant=FLT", "--n_loops=2", f"--seed={s}")[0]
+            for s in (1, 2)]
+    runs.append(run(tmp_path, text_file, "lt", "--max_steps=3", "--variant=LT")[0])
+    legends = {}
+    def keep(plt, fig, path, dpi):
+        legend = fig.axes[-1].get_legend() if fig.axes else None
+        legends[os.path.basename(path)] = [t.get_text() for t in legend.get_texts()] if legend else None
+        plt.close(fig)
+    monkeypatch.setattr(flt_report, "save_figure", keep)
+    flt_report.plot_runs(runs, str(tmp_path / "figs"), quiet=True)
+    assert legends["flt_loss.png"] == ["FLT", "LT"] and legends["flt_grad_norm.png"] == ["FLT", "LT"]
+
+
 def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     a, _ = run(tmp_path, text_file, "a", "--max_steps=3", "--variant=LT")
     b, _ = run(tmp_path, text_file, "b", "--max_steps=3", "--variant=FLT", "--n_loops=3")
