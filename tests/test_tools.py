@@ -292,6 +292,24 @@ def test_rescue_report_builds_the_tables_and_verdicts_from_the_records_alone(tmp
         rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'none'}"])
 
 
+def test_rescue_report_finds_the_source_records_in_a_checkout_at_another_path(tmp_path):
+    """A record names its start by the absolute path of the machine it ran on; in a clone
+    elsewhere the report finds the source beside the record, or in a sibling results folder."""
+    import shutil
+    results = tmp_path / "results" / "rescue"
+    for s in range(3):
+        fake_record(results / f"spt_pretrain_s{s}", spt=True)
+        fake_record(tmp_path / "results" / "rescue_gpu" / f"cross_pretrain_s{s}", spt=True)
+        fake_record(results / f"spt_s{s}", 0.7, accs=(0.5, 0.7, 0.75),
+                    init_from=f"/gone/main/results/rescue/spt_pretrain_s{s}/spt_epoch2.pt")
+        fake_record(results / f"cross_s{s}", 0.6, accs=(0.5, 0.7, 0.75),
+                    init_from=f"/gone/main/results/rescue_gpu/cross_pretrain_s{s}/spt_best.pt")
+    shutil.copy(os.path.join(rescue.ROOT, "results", "rescue", "take_two.json"), results)
+    text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", f"--results={results}"])
+    assert "| spt | 3 | 1.100 ± 0.000 |" in text and "| 200 + 900 |" in text     # SPT's epoch 2, beside it
+    assert "| cross | 3 | 1.000 ± 0.000 |" in text and "| 300 + 900 |" in text   # the best, in rescue_gpu
+
+
 def test_rescue_keeps_a_finished_runs_record_whole_and_never_overwrites_one(tmp_path):
     import json
     run = tmp_path / "out" / "spt_pretrain_s0"

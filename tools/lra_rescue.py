@@ -570,9 +570,23 @@ def source_of(d):
     if not c["init_from"] or c["init_from"] == "resume":
         return None
     src, ckpt = os.path.split(c["init_from"])
+    src = located(src, d)
     if ckpt.startswith("spt_epoch"):
         return src, int(ckpt[len("spt_epoch"):-len(".pt")])
     return src, read_summary(src)["spt_best_epoch"] if os.path.exists(os.path.join(src, "summary.json")) else None
+
+
+def located(src, d):
+    """Where the source record src of record d is in this checkout. A record names its start
+    by an absolute path on the machine it ran on: in a clone elsewhere, look for the same
+    results/<folder>/<record> under d's results folder, then for the record beside d."""
+    if os.path.isdir(src):
+        return src
+    results = os.path.dirname(os.path.dirname(os.path.abspath(d)))       # d is results/<folder>/<run>
+    tail = src.rsplit(os.sep + "results" + os.sep, 1)
+    near = [os.path.join(results, tail[1])] if len(tail) == 2 else []
+    near.append(os.path.join(os.path.dirname(os.path.abspath(d)), os.path.basename(src)))
+    return next((c for c in near if os.path.isdir(c)), src)
 
 
 def spt_at(d):
