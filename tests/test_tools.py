@@ -292,6 +292,17 @@ def test_rescue_report_builds_the_tables_and_verdicts_from_the_records_alone(tmp
         rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'none'}"])
 
 
+def test_rescue_report_of_a_replica_without_scratch_reads_take_two_from_the_repository(tmp_path):
+    """The GPU replica's results folder holds no scratch arm and no take_two.json: its
+    verdicts use the repository's transcription of take two's scratch seeds."""
+    fake_sweep(tmp_path / "results_gpu")
+    (tmp_path / "results_gpu" / "take_two.json").unlink()
+    text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", f"--results={tmp_path / 'results_gpu'}"])
+    assert "scratch: take two's three seeds, transcribed" in text
+    assert "qk against spt and scratch: **recovers the gain**" in text
+    assert "mlp against spt and scratch: **no gain**" in text
+
+
 def test_rescue_report_finds_the_source_records_in_a_checkout_at_another_path(tmp_path):
     """A record names its start by the absolute path of the machine it ran on; in a clone
     elsewhere the report finds the source beside the record, or in a sibling results folder."""

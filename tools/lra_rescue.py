@@ -542,8 +542,11 @@ def gather(cfg):
 
 def take_two(cfg):
     """A9's take-two seeds as transcribed into results/rescue/take_two.json (their run
-    folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}, or {}."""
+    folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}, or {}. A results
+    folder without its own copy (the GPU replica's) reads the repository's."""
     path = os.path.join(results_dir(cfg), "take_two.json")
+    if not os.path.exists(path):
+        path = os.path.join(ROOT, "results", "rescue", "take_two.json")
     if not os.path.exists(path):
         return {}
     with open(path) as f:
