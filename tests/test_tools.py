@@ -321,6 +321,24 @@ def test_rescue_report_finds_the_source_records_in_a_checkout_at_another_path(tm
     assert "| cross | 3 | 1.000 ± 0.000 |" in text and "| 300 + 900 |" in text   # the best, in rescue_gpu
 
 
+def test_rescue_report_reads_its_own_copy_of_a_source_another_checkout_still_has(tmp_path):
+    """On a machine with two checkouts, a record's absolute init_from may name the other
+    one's results, which can differ (here its SPT's best epoch is 1): the report reads its own."""
+    import json
+    import shutil
+    own, other = tmp_path / "clone" / "results" / "rescue", tmp_path / "main" / "results" / "rescue"
+    for s in range(3):
+        fake_record(own / f"spt_pretrain_s{s}", spt=True)                        # best: epoch 3, 1.000
+        fake_record(other / f"spt_pretrain_s{s}", spt=True)
+        summary = other / f"spt_pretrain_s{s}" / "summary.json"
+        summary.write_text(json.dumps(dict(json.loads(summary.read_text()), spt_best_epoch=1)))   # 1.200
+        fake_record(own / f"spt_s{s}", 0.7, accs=(0.5, 0.7, 0.75),
+                    init_from=str(other / f"spt_pretrain_s{s}" / "spt_best.pt"))
+    shutil.copy(os.path.join(rescue.ROOT, "results", "rescue", "take_two.json"), own)
+    text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", f"--results={own}"])
+    assert "| spt | 3 | 1.000 ± 0.000 |" in text and "| 300 + 900 |" in text
+
+
 def test_rescue_keeps_a_finished_runs_record_whole_and_never_overwrites_one(tmp_path):
     import json
     run = tmp_path / "out" / "spt_pretrain_s0"

@@ -581,15 +581,14 @@ def source_of(d):
 
 def located(src, d):
     """Where the source record src of record d is in this checkout. A record names its start
-    by an absolute path on the machine it ran on: in a clone elsewhere, look for the same
-    results/<folder>/<record> under d's results folder, then for the record beside d."""
-    if os.path.isdir(src):
-        return src
+    by an absolute path on the machine it ran on, which may be another checkout's or gone:
+    look first for the same results/<folder>/<record> under d's results folder, then for the
+    record beside d, and only then at src itself, so a report reads its own records."""
     results = os.path.dirname(os.path.dirname(os.path.abspath(d)))       # d is results/<folder>/<run>
     tail = src.rsplit(os.sep + "results" + os.sep, 1)
     near = [os.path.join(results, tail[1])] if len(tail) == 2 else []
     near.append(os.path.join(os.path.dirname(os.path.abspath(d)), os.path.basename(src)))
-    return next((c for c in near if os.path.isdir(c)), src)
+    return next((c for c in near + [src] if os.path.isdir(c)), src)
 
 
 def spt_at(d):
