@@ -763,7 +763,7 @@ def plot_maps(first, path):
     val = spt_data.load_data("pathfinder", "val", cfg)
     image, maps = val[0][0], {}
     stages = [("init", None)] + [(f"{arm}, trained", os.path.join(d, "finetune_best.pt")) for arm, d in first]
-    src = next((source_of(d) for _, d in first if source_of(d)), None)
+    src = next((found for _, d in first if (found := source_of(d))), None)
     if src:
         stages.insert(1, ("after SPT", os.path.join(src[0], "spt_best.pt")))
     for stage, ckpt in stages:
