@@ -176,6 +176,71 @@ def test_rescue_frozen_verdict_asks_whether_freezing_the_attention_changes_train
     assert rescue.frozen_verdict(frozen, BASE) == expected
 
 
+# tools/rates.py: the take-off rate rule, checked on made-up counts (exact values by hand)
+from tools import rates  # noqa: E402
+
+
+@pytest.mark.parametrize("k,n,lo,hi", [
+    (0, 3, 0.0, 1 - 0.025 ** (1 / 3)),          # k = 0: hi solves (1 - hi)^3 = 0.025
+    (3, 3, 0.025 ** (1 / 3), 1.0),              # k = n: lo solves lo^3 = 0.025
+    (1, 3, 0.00840, 0.90570),                   # the published table's values
+    (5, 10, 0.18709, 0.81291),                  # symmetric at k = n / 2
+])
+def test_rate_interval_is_the_exact_clopper_pearson_one(k, n, lo, hi):
+    got = rates.clopper_pearson(k, n)
+    assert got == pytest.approx((lo, hi), abs=1e-4)
+    assert rates.binomial_cdf(k, n, got[1]) == pytest.approx(0.025, abs=1e-6) if k < n else got[1] == 1.0
+
+
+@pytest.mark.parametrize("counts,p", [
+    ((3, 3, 1, 3), 4 / 20),                     # the case: qk 3/3 against scratch 1/3
+    ((3, 3, 0, 3), 1 / 20),                     # the best three seeds can do: not under 0.05
+    ((6, 6, 2, 6), 28 / 924),                   # C(8,6) C(4,0) / C(12,6)
+    ((1, 3, 3, 3), 1.0),                        # fewer: every table at least as extreme
+])
+def test_rate_fisher_test_is_the_hypergeometric_tail(counts, p):
+    assert rates.fisher_greater(*counts) == pytest.approx(p)
+
+
+@pytest.mark.parametrize("counts,expected", [
+    ((6, 6, 2, 6), "takes off more often"),     # p = 0.030
+    ((3, 3, 1, 3), "not separated"),            # p = 0.2: three seeds cannot tell
+    ((3, 3, 0, 3), "not separated"),            # p = 0.05 is not under 0.05
+    ((0, 6, 5, 6), "takes off less often"),
+    ((4, 6, 4, 6), "not separated"),
+    ((2, 2, 0, 6), "too few seeds (3 per arm needed)"),
+])
+def test_rate_verdict_names_the_outcome_of_the_fisher_test(counts, expected):
+    assert rates.rate_verdict(*counts) == expected
+
+
+def test_rate_median_take_off_counts_a_stuck_seed_as_censored_at_the_last_epoch():
+    assert rates.km_median([5, 1, 3], 16) == 3
+    assert rates.km_median([1, 3, None], 16) == 3             # 2 of 3 off by epoch 3: S = 1/3
+    assert rates.km_median([None, 7, None], 27) is None       # S never reaches 1/2: past the last epoch
+    assert rates.km_median([2, None, None, 9], 16) == 9        # S(2) = 3/4, S(9) = 3/4 * 1/2
+    assert rates.km_median([None] * 3, 16) is None
+
+
+def test_rate_logrank_says_which_arm_takes_off_earlier():
+    z, p = rates.logrank([1, 1, 2], 16, [None, 7, None], 27)
+    assert z > 2 and p < 0.05                                  # early and all against late and rare
+    z2, p2 = rates.logrank([None, 7, None], 27, [1, 1, 2], 16)
+    assert z2 == pytest.approx(-z) and p2 == pytest.approx(1 - p)
+    assert rates.logrank([None] * 3, 16, [None] * 3, 27) == (0.0, 0.5)
+
+
+def test_rate_table_applies_the_rule_against_recorded_scratch_only():
+    runs = {arm: [(s, "-", dict(test_acc=a)) for s, a in enumerate(accs)]
+            for arm, accs in (("spt", [0.72, 0.70, 0.74, 0.71, 0.73, 0.69]), ("scratch", [0.5, 0.6, 0.5, 0.5, 0.62, 0.5]))}
+    offs = {"spt": [1, 2, 1, 3, 1, 1], "scratch": [None, 7, None, None, 12, None]}
+    text = rescue.rate_table(runs, offs)
+    spt = next(line for line in text.splitlines() if line.startswith("| spt |"))
+    assert "6 of 6" in spt and "0.54-1.00" in spt and "| 1 |" in spt and "**takes off more often**" in spt
+    scratch = next(line for line in text.splitlines() if line.startswith("| scratch |"))
+    assert "2 of 6" in scratch and "> 27 (not reached)" in scratch and "0.610 ± 0.014" in scratch
+
+
 def evals(pairs, se=0.003):
     return [dict(epoch=e + 1, val_loss=loss, val_loss_se=se, val_acc=acc) for e, (loss, acc) in enumerate(pairs)]
 

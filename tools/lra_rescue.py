@@ -57,6 +57,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 from configurator import configure, run_cli  # noqa: E402
 
@@ -182,6 +183,34 @@ def frozen_verdict(frozen, base, little=0.05):
     if min(frozen) > max(base):
         return "frozen better"
     return "changes little" if abs(np.mean(frozen) - np.mean(base)) < little else "not separated"
+
+
+def rate_table(runs, offs, base=SCRATCH):
+    """Markdown: the take-off rate rule (tools/rates.py, committed before the runs it
+    judges) for every arm against the *recorded* from-scratch seeds, never transcribed
+    ones: k of n took off with its exact 95% interval, the Kaplan-Meier median take-off
+    epoch (labelled epochs; a stuck seed censored at its arm's last epoch), the test
+    accuracy of the seeds that took off and of all seeds, the one-sided Fisher p of "takes
+    off more often than scratch" with the verdict, and the log-rank test of "earlier"."""
+    import rates
+    lines = ["| arm | took off | 95% interval | median take-off epoch | test acc, seeds off | test acc, all | "
+             "against recorded scratch: Fisher p (more often), verdict | log-rank z, p (earlier) |",
+             "|---|---|---|---|---|---|---|---|"]
+    acc = {arm: [m["test_acc"] for _, _, m in members] for arm, members in runs.items()}
+    for arm in runs:
+        last = run_epochs(arm)
+        r = rates.rate_row(offs[arm], last, acc[arm])
+        median = f"> {last} (not reached)" if r["median"] is None else str(r["median"])
+        against, early = "-", "-"
+        if base in runs and arm != base:
+            k, n = r["k"], r["n"]
+            bk, bn = sum(e is not None for e in offs[base]), len(offs[base])
+            against = f"{rates.fisher_greater(k, n, bk, bn):.3f}, **{rates.rate_verdict(k, n, bk, bn)}**"
+            z, p = rates.logrank(offs[arm], last, offs[base], run_epochs(base))
+            early = f"{z:+.2f}, {p:.3f}"
+        lines.append(f"| {arm} | {r['k']} of {r['n']} | {r['lo']:.2f}-{r['hi']:.2f} | {median} | "
+                     f"{ms(r['acc_off'])} | {ms(acc[arm])} | {against} | {early} |")
+    return "\n".join(lines)
 
 
 def standard_error(acc, n):
@@ -683,7 +712,8 @@ def report(cfg):
                                 f"python tools/lra_rescue.py run")
     n, share = val_split(next(d for members in runs.values() for _, d, _ in members))
     offs = take_offs(runs, n, share)
-    text = f"{table(runs, offs, n)}\n\n{source_table(cfg)}\n\n{verdicts(cfg, runs, offs, n, share)}\n"
+    rate = rate_table(runs, offs) if SCRATCH in runs else "take-off rates: no recorded scratch seed, no rate verdict"
+    text = f"{table(runs, offs, n)}\n\n{source_table(cfg)}\n\n{verdicts(cfg, runs, offs, n, share)}\n\n{rate}\n"
     print(text)
     os.makedirs(cfg["out"], exist_ok=True)
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
