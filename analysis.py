@@ -324,7 +324,9 @@ def plot_evolution(rows, path, n_cols=6):
 # A training run's attention (train_spt.py): the maps at each stage, their statistics,
 # the snapshots during training and the run's figures
 
-STAGE_TITLES = dict(init="init", spt="after SPT", finetune="finetuned")
+# the stages: at init; after SPT (a run of SPT alone); the model finetuning starts from (after SPT
+# and the copy of --init_params: the SPT model itself only when every weight is copied); finetuned
+STAGE_TITLES = dict(init="init", spt="after SPT", start="finetuning's start", finetune="finetuned")
 
 
 @torch.no_grad()
@@ -372,7 +374,7 @@ def stage_statistics(reports):
 
 
 class Observations:
-    """The attention at the stages of a run (init, after SPT, finetuned): attention_report
+    """The attention at the stages of a run (STAGE_TITLES): attention_report
     on the first validation examples, the maps drawn to attention_<stage>.png, and at
     the end the run's figures. Only the master rank observes (master=False: a no-op)."""
 

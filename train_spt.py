@@ -45,11 +45,14 @@ from plumbing.spt_settings import IMAGE_TASKS, get_config, resume_config
 from plumbing.training import Run, grad_sync, load_checkpoint, load_weights, wrap
 
 # -----------------------------------------------------------------------------
-# The flags that shape the experiment, each a --key=value flag. --task=NAME replaces the
-# model size, optimisation and epochs below by Amos et al.'s values for that task, and
-# --preset=NAME applies a named set of overrides (spt_settings.TASKS and PRESETS; --help
-# lists them all). The run's plumbing flags (out_dir, device, dtype, logging, checkpoints)
-# are spt_settings.RUN_DEFAULTS.
+# The flags that shape the experiment, each a --key=value flag. These DEFAULTS are the
+# experiment of the README's main command, `python train_spt.py --task=pathfinder --depth=1`:
+# Amos et al.'s PathFinder run (IdoAmos/not-from-scratch, configs/experiment/lra/
+# transformer-lra-pathfinder[-mlm].yaml; "-mlm" is their SPT phase) with one layer, as the
+# paper studies it. --task=NAME changes only what another task sets (spt_settings.TASKS),
+# --preset=NAME applies a named set of overrides (spt_settings.PRESETS; --help lists them
+# all), and the flags apply last. The run's plumbing flags (out_dir, device, dtype, logging,
+# checkpoints) are spt_settings.RUN_DEFAULTS: they change no result.
 
 DEFAULTS = dict(
     task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
@@ -57,22 +60,24 @@ DEFAULTS = dict(
     data_dir="data",
     data_source="auto",      # auto | generated | release  (listops, pathfinder, pathx)
     n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
-    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14
+    difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14 (LRA's)
     max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
     n_train=0,               # use only the first n training examples (0 = all)
     n_eval=0,                # use only the first n val/test examples (0 = all)
     seed=0,
-    # model (its size: PathFinder's, as spt_settings.TASKS gives it per task)
-    depth=4, n_embd=128, n_head=8, ffn_mult=1,
+    # model: their PathFinder model (width 128, 8 heads, MLP x1) with one layer
+    depth=1,                 # the paper's one-layer model (their PathFinder config has 4: --depth=4)
+    n_embd=128, n_head=8, ffn_mult=1,
     pos_enc="sinusoidal", pool="mean", dropout=0.0,
-    init="torch",            # torch: PyTorch's layer defaults; gpt2: N(0, 0.02); amos: PyTorch's with
-                             # W_Q = W_K = W_V = W_O at the start (Amos et al.'s code: the LRA tasks')
-    pixel_encoder="token",   # token: one embedding per grey level; linear: Amos et al.'s grey value in
-                             # [-1, 1] and a mask flag through nn.Linear(2, d) (image, pathfinder, pathx)
+    init="amos",             # PyTorch's layer defaults, then W_Q = W_K = W_V = W_O: their attention's
+                             # clones(nn.Linear(d, d), 4) (src/models/sequence/mha.py), so attention does
+                             # not start uniform; torch: PyTorch's defaults alone; gpt2: N(0, 0.02)
+    pixel_encoder="linear",  # their `encoder: linear`: the grey value in [-1, 1] and a mask flag through
+                             # nn.Linear(2, d); token: one embedding per grey level (the text tasks')
     # self-pretraining
     pretrain_epochs=50,      # 0 = from scratch
     spt_objective="masked",  # masked | causal (next-token)
-    mask_ratio=0.15,         # the share of real tokens SPT hides (per task: spt_settings.TASKS; Amos et al.'s)
+    mask_ratio=0.50,         # the share of real pixels SPT hides (theirs for the image tasks; text: 0.15)
     save_epochs="1,10,50,100,200",   # also keep the SPT weights after these epochs
     # finetuning and the ablations
     epochs=200,              # finetuning epochs (0 = SPT alone: its checkpoints are the product)
@@ -80,15 +85,15 @@ DEFAULTS = dict(
     init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
     freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
                              # random init from scratch, at the SPT values after SPT
-    patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as Amos et al.)
-    max_hours=24.0,          # wall-time cap of each phase (Amos et al.: 24 h on one GPU)
+    patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as theirs)
+    max_hours=24.0,          # wall-time cap of each phase (theirs: 24 h on one GPU)
     # optimisation (AdamW)
     lr=5e-4, batch_size=32,
     weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
-    warmup_steps=0,          # linear warmup of the finetuning phase, in optimizer steps...
-    pretrain_warmup_steps=0, # ... and of the SPT phase
+    warmup_steps=5000,       # linear warmup of the finetuning phase, in optimizer steps...
+    pretrain_warmup_steps=2500,   # ... and of the SPT phase
     warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
-    pretrain_lr=0.0,         # 0 = same as lr
+    pretrain_lr=0.0,         # 0 = same as lr (their -mlm file has the finetuning one)
     pretrain_schedule="",    # "" = same as schedule
     preset="",               # "", cpu or cpu_rescue: overrides applied before the flags (spt_settings.PRESETS)
 )
@@ -97,6 +102,7 @@ DEFAULTS = dict(
 # thing (the number of epochs, the mask ratio) never shifts another stream.
 MASK_SEED_OFFSET = 7          # the SPT masks' stream: apart from the model init, which uses --seed itself
 VAL_MASK_SEED = 1234          # validation masks: the same every epoch and every seed, so SPT val losses compare
+# (the batch order's stream: spt_phase.batch_order_seed)
 
 
 def to_device(batch, rt):
@@ -334,8 +340,8 @@ def run_phases(run, data, model, seen):
         return spt_only(run, seen, model, data["val"], spt)
     model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
     copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
-    if spt_ckpt:
-        seen.observe("spt", model, data["val"], rt.device)
+    if spt_ckpt:                                # "start": the model finetuning starts from, after the copy
+        seen.observe("start", model, data["val"], rt.device)
         if rt.master:
             print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
     frozen = freeze(model, cfg["freeze"])
@@ -345,9 +351,9 @@ def run_phases(run, data, model, seen):
     load_weights(model, ft.best_path)
     test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
     seen.observe("finetune", model, data["val"], rt.device)
-    spt_loss = -spt.state["best"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
+    spt_loss = spt.state["best_metric"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
     return spt_report.summarize(run, seen, model, data["val"], dict(
-        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft.state["best"],
+        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft.state["best_metric"],
         best_epoch=ft.state["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
         frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.elapsed()))
 
@@ -358,7 +364,7 @@ def spt_only(run, seen, model, val_ds, spt):
     load_weights(model, spt.best_path)
     seen.observe("spt", model, val_ds, run.rt.device)
     return spt_report.summarize(run, seen, model, val_ds, dict(
-        pretrain_epochs=run.cfg["pretrain_epochs"], spt_best_val_loss=-spt.state["best"],
+        pretrain_epochs=run.cfg["pretrain_epochs"], spt_best_val_loss=spt.state["best_metric"],
         spt_best_epoch=spt.state["best_epoch"], steps=0, spt_steps=spt.state["step"], wall_time_s=run.elapsed()))
 
 

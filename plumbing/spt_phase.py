@@ -19,8 +19,7 @@ from tqdm import tqdm
 import analysis
 from plumbing.training import NonFiniteGuard, Schedule
 
-# Seeds. Each random stream has its own seed derived from --seed, so changing one
-# thing (the number of epochs, the mask ratio) never shifts another stream.
+# The batch order's stream, one of train_spt.py's seeded streams (its "Seeds" comment).
 BATCH_SEED_STRIDE = 100_003   # a prime above 2 x any epoch count: (seed, epoch, phase) never collide
 PHASES = ("spt", "finetune")
 
@@ -54,7 +53,9 @@ def micro_row(k, cfg, rt):
 class PhaseLedger:
     """One phase's plan and state, and the bookkeeping around its loop: the batches of
     each epoch (a resumed run sees the same ones), the log after a step, the best
-    checkpoint at an epoch's end, the resume point. p.state holds epoch, step, best."""
+    checkpoint at an epoch's end, the resume point. p.state holds epoch, step and the
+    best val metric so far (best_metric: SPT's lowest val loss, finetuning's highest val
+    accuracy) with its epoch."""
 
     def __init__(self, name, run, n_train):
         cfg, rt = run.cfg, run.rt
@@ -68,7 +69,7 @@ class PhaseLedger:
         self.lr = (cfg["pretrain_lr"] or cfg["lr"]) if self.spt else cfg["lr"]
         self.schedule = Schedule((cfg["pretrain_schedule"] or cfg["schedule"]) if self.spt else cfg["schedule"],
                                  self.total_steps, warmup)
-        self.state = dict(epoch=0, step_in_epoch=0, step=0, best=None, best_epoch=-1, bad_epochs=0)
+        self.state = dict(epoch=0, step_in_epoch=0, step=0, best_metric=None, best_epoch=-1, bad_epochs=0)
         self.guard = NonFiniteGuard(run, name)
         self.best_path = os.path.join(cfg["out_dir"], f"{name}_best.pt")
         self.rng = None
@@ -80,6 +81,9 @@ class PhaseLedger:
         self.model, self.optimizer, self.mask_gen, self.val_ds = model, optimizer, mask_gen, val_ds
         if run.ckpt and run.ckpt["phase"] == self.name:                  # continue from ckpt.pt
             run.restore(model, [optimizer], rng=False)                   # epoch_batches sets the RNG
+            if "best" in run.ckpt:            # written before best_metric: SPT's "best" was minus its loss
+                run.ckpt["best_metric"] = run.ckpt["best"] if run.ckpt["best"] is None or not self.spt \
+                    else -run.ckpt["best"]
             self.state.update({k: run.ckpt[k] for k in self.state})
             mask_gen.set_state(run.ckpt["mask_gen"])
             self.rng = run.ckpt["rng"]
@@ -144,13 +148,13 @@ class PhaseLedger:
         if not math.isfinite(metrics["loss"]):
             self.guard.mark(state["step"])
             self.guard.check()                                           # a NaN val loss is never "best"
-        score = -metrics["loss"] if self.spt else metrics["acc"]
-        improved = state["best"] is None or score > state["best"]
+        metric, best = metrics["loss"] if self.spt else metrics["acc"], state["best_metric"]
+        improved = best is None or (metric < best if self.spt else metric > best)
         state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
         self.run.log(phase=self.name, step=state["step"], epoch=epoch, val_loss=metrics["loss"],
                      val_acc=metrics["acc"], **({} if self.spt else {"val_loss_se": metrics["loss_se"]}))
         if improved:
-            state.update(best=score, best_epoch=epoch)
+            state.update(best_metric=metric, best_epoch=epoch)
             self.run.save_weights(self.best_path, self.model, epoch=epoch, **metrics)
         if self.spt and epoch in {int(e) for e in cfg["save_epochs"].split(",") if e.strip()}:
             self.run.save_weights(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), self.model, epoch=epoch)

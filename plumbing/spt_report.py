@@ -122,7 +122,7 @@ def plot_val_accuracy(runs, path, unfinished=()):
 # Gathering results: --report=DIR,... -> one markdown table and two figures
 
 REPORT_COLUMNS = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "init_from", "init_params", "freeze",
-                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_spt", "wall_time_s")
+                  "best_val_acc", "test_acc", "mass_w2_finetune", "toeplitz_start", "wall_time_s")
 
 
 SEED_GROUP = ("task", "depth", "init", "pos_enc", "pretrain_task", "pretrain_epochs", "epochs", "init_params",

@@ -21,45 +21,46 @@ from plumbing.runfiles import load_checkpoint
 
 IMAGE_TASKS = ("image", "pathfinder", "pathx")   # their sequences are square images
 
-# Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-
-# <task>[-mlm].yaml: "-mlm" is their SPT phase). Where a value is not in those files it says so.
-# Every LRA task: init="amos", their attention (mhfa: src/models/sequence/mha.py, MultiheadAttention-
-# Flash, whose clones(nn.Linear(d, d), 4) starts W_Q = W_K = W_V = W_O). Pixel tasks: their
-# `encoder: linear` (configs/pipeline/{cifar,pathfinder}[-lm].yaml). SPT learning rate: their -mlm
-# files have the finetuning one (PathFinder 5e-4 / 5e-4, Image 1e-3 / 1e-3), so pretrain_lr stays
-# 0 (= lr); the per-task SPT rates said to be in their paper's hyper-parameter table (PathFinder
-# 1e-3, ListOps 1e-3) are unverified here and not adopted.
+# What each other task changes in train_spt.py's DEFAULTS (which are PathFinder's run, the
+# README's main command). Amos et al.'s configs (IdoAmos/not-from-scratch, configs/experiment/
+# lra/transformer-lra-<task>[-mlm].yaml: "-mlm" is their SPT phase); where a value is not in
+# those files it says so. Every LRA task keeps DEFAULTS' init="amos" (their attention, mhfa:
+# src/models/sequence/mha.py, whose clones(nn.Linear(d, d), 4) starts W_Q = W_K = W_V = W_O);
+# the text tasks read tokens (pixel_encoder="token"), the pixel tasks keep their `encoder: linear`
+# (configs/pipeline/{cifar,pathfinder}[-lm].yaml). SPT learning rate: their -mlm files have the
+# finetuning one (PathFinder 5e-4 / 5e-4, Image 1e-3 / 1e-3), so pretrain_lr stays 0 (= lr); the
+# per-task SPT rates said to be in their paper's hyper-parameter table (PathFinder 1e-3, ListOps
+# 1e-3) are unverified here and not adopted.
+TEXT = dict(init="amos", pixel_encoder="token")          # the LRA text tasks' common part
 TASKS = {   # depth = n_layer
+    "pathfinder": {},    # DEFAULTS (pathfinder(-mlm).yaml: 128 wide, 8 heads, ffn x1, lr 5e-4, batch 32,
+                         # 50/200 epochs, warmup 2500 (SPT) / 5000), with one layer: --depth=4 is theirs
     "synthetic": dict(   # ours (the task is ours): the CPU recipe of REPORT.md's synthetic tables
         depth=1, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=64, pretrain_epochs=10, epochs=20,
-        mask_ratio=0.15, schedule="cosine", warmup_frac=0.05, grad_clip=1.0, patience=20),
+        mask_ratio=0.15, schedule="cosine", warmup_steps=0, pretrain_warmup_steps=0, warmup_frac=0.05,
+        grad_clip=1.0, patience=20, init="torch", pixel_encoder="token"),
     "listops": dict(     # listops(-mlm).yaml: 6/512/8 heads, ffn x4, batch 32, 100/100 epochs, warmup 2000
-        depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=100, epochs=100,
-        warmup_steps=2000, pretrain_warmup_steps=2000, init="amos",
+        **TEXT, depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=100, epochs=100,
+        warmup_steps=2000, pretrain_warmup_steps=2000,
         lr=1e-4,         # not checkable: the yaml says 0.05, surely overridden on their command line
         mask_ratio=0.10),   # set on their command line, not checkable in the yaml
     "text": dict(        # imdb(-mlm).yaml: weight decay 0.1, 32/65 epochs, warmup 5000 (SPT) / 2000
-        depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=65,
-        weight_decay=0.1, warmup_steps=2000, pretrain_warmup_steps=5000, init="amos",
+        **TEXT, depth=6, n_embd=512, n_head=8, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=65,
+        weight_decay=0.1, warmup_steps=2000, pretrain_warmup_steps=5000,
         lr=1e-4, mask_ratio=0.15),   # not checkable, as for listops
     "retrieval": dict(   # aan(-mlm).yaml: 4/128/4 heads, ffn x4, 32/32 epochs, warmup 2000 (SPT) / 5000
-        depth=4, n_embd=128, n_head=4, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=32,
-        warmup_steps=5000, pretrain_warmup_steps=2000, init="amos",
+        **TEXT, depth=4, n_embd=128, n_head=4, ffn_mult=4, batch_size=32, pretrain_epochs=32, epochs=32,
+        warmup_steps=5000, pretrain_warmup_steps=2000,
         lr=1e-4, mask_ratio=0.15),   # not checkable, as for listops
     "image": dict(       # cifar(-mlm).yaml: 3/64/4 heads, ffn x2, lr 1e-3, 50/200 epochs, warmup 2500 / 2000,
         depth=3, n_embd=64, n_head=4, ffn_mult=2, lr=1e-3, batch_size=50,   # finetuning batch 50 (SPT: 32)
-        pretrain_epochs=50, epochs=200, warmup_steps=2000, pretrain_warmup_steps=2500, mask_ratio=0.50,
-        init="amos", pixel_encoder="linear"),
-    "pathfinder": dict(  # pathfinder(-mlm).yaml: 4/128/8 heads, ffn x1, lr 5e-4, batch 32, 50/200 epochs
-        depth=4, n_embd=128, n_head=8, ffn_mult=1, lr=5e-4, batch_size=32, pretrain_epochs=50, epochs=200,
-        warmup_steps=5000, pretrain_warmup_steps=2500, mask_ratio=0.50, init="amos", pixel_encoder="linear"),
-    "pathx": dict(       # pathx-small.yaml: 4 heads, max pooling, batch 32, 200 epochs, warmup 5000
-        depth=4, n_embd=128, n_head=4, ffn_mult=1, lr=5e-4, batch_size=32, pool="max", epochs=200,
-        warmup_steps=5000, pretrain_warmup_steps=5000, mask_ratio=0.50, init="amos", pixel_encoder="linear",
+        pretrain_epochs=50, epochs=200, warmup_steps=2000, pretrain_warmup_steps=2500, mask_ratio=0.50),
+    "pathx": dict(       # pathx-small.yaml: 4 layers, 4 heads, max pooling, batch 32, 200 epochs, warmup 5000
+        depth=4, n_head=4, pool="max", pretrain_warmup_steps=5000,
         pretrain_epochs=50),   # not checked: their PathX SPT config was not read; PathFinder's value
     "photos": dict(      # ours: crops of a photograph (data_lra.load_photos), only ever a --pretrain_task
-        depth=1, n_embd=64, n_head=4, ffn_mult=1, lr=1e-3, batch_size=32, pretrain_epochs=10, epochs=1, mask_ratio=0.50,
-        init="amos", pixel_encoder="linear"),
+        depth=1, n_embd=64, n_head=4, ffn_mult=1, lr=1e-3, batch_size=32, pretrain_epochs=10, epochs=1,
+        warmup_steps=0, pretrain_warmup_steps=0),
 }
 PRETRAIN_ONLY = ("photos",)   # no labels: SPT data for another task, never a task to finetune on
 
@@ -127,8 +128,9 @@ SIZE_KEYS = ("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "pretr
 
 def settings_help():
     """--help's last part: each task's values and each preset's overrides."""
-    lines = ["", "--task=NAME sets (Amos et al.'s values; spt_settings.TASKS):"]
-    lines += [f"  {t}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()) for t, values in TASKS.items()]
+    lines = ["", "--task=NAME changes (Amos et al.'s values for the other tasks; spt_settings.TASKS):"]
+    lines += [f"  {t}: " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "DEFAULTS' values")
+              for t, values in TASKS.items()]
     lines += ["--preset=NAME then sets (spt_settings.PRESETS; '*' = every task):"]
     lines += [f"  {p} [{t}]: " + ", ".join(f"{k}={v!r}" for k, v in values.items())
               for p, per_task in PRESETS.items() for t, values in per_task.items()]

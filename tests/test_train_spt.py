@@ -66,10 +66,10 @@ def test_spt_recovers_proximity_attention(spt_vs_scratch):
     base, spt, scratch = spt_vs_scratch
     uniform = spt["mass_w2_uniform"]
     assert abs(spt["mass_w2_init"] - uniform) < 0.01       # random init: about uniform
-    assert spt["mass_w2_spt"] > 2.5 * uniform               # after SPT: near the diagonal
+    assert spt["mass_w2_start"] > 2.5 * uniform             # after SPT, finetuning's start: near the diagonal
     assert scratch["mass_w2_finetune"] < 1.5 * uniform      # supervised alone: not
-    assert spt["toeplitz_spt"] > spt["toeplitz_init"]
-    for name in ("curves.png", "proximity.png", "attention_init.png", "attention_spt.png",
+    assert spt["toeplitz_start"] > spt["toeplitz_init"]
+    for name in ("curves.png", "proximity.png", "attention_init.png", "attention_start.png",
                  "attention_finetune.png", "config.json", "log.jsonl", "summary.json"):
         assert os.path.getsize(base / "spt" / name) > 0, name
 
@@ -392,10 +392,24 @@ def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
     assert cost.announce(dict(cfg, task="synthetic"), setup_runtime("cpu", "float32")) is None
 
 
+def test_the_main_command_runs_the_experiment_its_defaults_show():
+    """What a reader sees at the top of train_spt.py is what the README's main command
+    runs: every experiment key of the resolved config equals DEFAULTS (the default task
+    changes nothing), and the bare command is the same experiment."""
+    main = re.search(r"python train_spt.py (--task=pathfinder --depth=1)\n", open(os.path.join(ROOT, "README.md")).read())
+    for argv in (main[1].split(), []):
+        cfg = spt_config(argv)
+        assert {k: cfg[k] for k in train_spt.DEFAULTS} == train_spt.DEFAULTS, argv
+    assert spt_settings.TASKS["pathfinder"] == {}
+    other = spt_config(["--task=synthetic"])                                    # another task changes its own keys
+    assert other["init"] == "torch" and other["pixel_encoder"] == "token" and other["warmup_steps"] == 0
+
+
 def test_help_lists_every_flag_every_task_and_every_preset():
     out = subprocess.run([sys.executable, "train_spt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "--depth=4" in out.stdout and "--out_dir=''" in out.stdout            # DEFAULTS and RUN_DEFAULTS
-    for task in spt_settings.TASKS:
-        assert f"\n  {task}: depth=" in out.stdout, task                          # Amos et al.'s values per task
+    assert "--depth=1" in out.stdout and "--out_dir=''" in out.stdout            # DEFAULTS and RUN_DEFAULTS
+    assert "\n  pathfinder: DEFAULTS' values" in out.stdout                     # the default task changes nothing
+    for task in set(spt_settings.TASKS) - {"pathfinder"}:
+        assert f"\n  {task}: " in out.stdout and "depth=" in out.stdout.split(f"\n  {task}: ")[1].split("\n")[0], task
     assert "cpu_rescue [pathfinder]: difficulty='baseline'" in out.stdout

@@ -118,7 +118,7 @@ def run_row(folder):
         s = json.load(f)
     spt_steps = [r["step"] for r in read_log(folder) if r.get("phase") == "spt" and "step" in r]
     return dict(spt_steps=max(spt_steps, default=0), steps=s["steps"], spt_loss=s["spt_best_val_loss"],
-                mass_init=s.get("mass2d_r1_init"), mass_spt=s.get("mass2d_r1_spt"),
+                mass_init=s.get("mass2d_r1_init"), mass_spt=s.get("mass2d_r1_start", s.get("mass2d_r1_spt")),
                 mass_final=s.get("mass2d_r1_finetune"), uniform=s.get("mass2d_r1_uniform"),
                 val=s["best_val_acc"], test=s["test_acc"])
 

@@ -646,8 +646,9 @@ def table(runs, offs, n):
     lines = ["| arm | seeds | SPT val loss | 3x3 attention mass, x uniform: after SPT / trained | final val loss | "
              "best val acc | test acc | each seed: test acc ± s.e. (take-off epoch) | steps SPT + labelled | "
              "wall h |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ratio = lambda s, stage: [m[f"mass2d_r1_{stage}"] / m["mass2d_r1_uniform"] for m in s
-                              if m.get(f"mass2d_r1_{stage}") is not None and m.get("mass2d_r1_uniform")]
+    at = lambda m, stage: m.get(f"mass2d_r1_{stage}", m.get("mass2d_r1_spt") if stage == "start" else None)
+    ratio = lambda s, stage: [at(m, stage) / m["mass2d_r1_uniform"] for m in s     # "start": "spt" in older records
+                              if at(m, stage) is not None and m.get("mass2d_r1_uniform")]
     for arm, members in runs.items():
         s = [m for _, _, m in members]
         spt = [spt_at(d) for _, d, _ in members]
@@ -655,7 +656,7 @@ def table(runs, offs, n):
         seeds = ", ".join(f"{m['test_acc']:.3f} ± {standard_error(m['test_acc'], n):.3f} "
                           f"({'stuck' if e is None else e})" for m, e in zip(s, offs[arm]))
         lines.append(f"| {arm} | {len(s)} | {ms([v for _, v in spt if v is not None])} | "
-                     f"{ms(ratio(s, 'spt'))} / {ms(ratio(s, 'finetune'))} | {ms(final)} | "
+                     f"{ms(ratio(s, 'start'))} / {ms(ratio(s, 'finetune'))} | {ms(final)} | "
                      f"{ms([m['best_val_acc'] for m in s])} | {ms([m['test_acc'] for m in s])} | {seeds} | "
                      f"{int(np.mean([k for k, _ in spt])):,} + {int(np.mean([m['steps'] for m in s])):,} | "
                      f"{ms([m['wall_time_s'] / 3600 for m in s])} |")
