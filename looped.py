@@ -41,8 +41,8 @@ Read top to bottom:
   Attention           separate query input and key/value input; RoPE; causal SDPA
   MLP, Block          pre-norm residual block, zero-initialised output projections
   LoopedTransformer   loops() is THE loop (all five variants), forward() adds the
-                      loss, loop_losses() gives the loss of every loop in one pass
-                      (the test-time loop curve), generate() samples
+                      loss, generate() samples, configure_optimizers() is the AdamW
+                      baseline's (the authors' Muon recipe is train_flt.py's)
 
 Choices, following the authors' nanochat-based code: rotary positions (RoPE) in
 every attention (nothing is added to the stream, so looping never re-adds a
@@ -319,16 +319,6 @@ class LoopedTransformer(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def loop_losses(self, idx, targets, n_loops=None):
-        """Cross-entropy of every loop's logits, tensor (n_loops,), in one pass: the
-        test-time loop curve (a model trained at K loops read at 1..2K loops)."""
-        out = []
-        for h, _ in self.loops(idx, n_loops):
-            logits = self.logits(h)
-            out.append(F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1))
-        return torch.stack(out)
-
-    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, n_loops=None):
         """Sample max_new_tokens tokens after the prompt idx (B, T), nanoGPT style."""
         for _ in range(max_new_tokens):
@@ -347,24 +337,9 @@ class LoopedTransformer(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), eps=1e-8, device_type="cpu"):
         """A plain AdamW recipe ("adamw"): one AdamW; weight decay on the linear layers' matrices
         only, lm head included, not on the embedding (this model has no norm weights
-        and no biases). Fused kernel on CUDA. Returns a list of one optimizer."""
+        and no biases). Fused kernel on CUDA."""
         decay = [p for n, p in self.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
         no_decay = [p for n, p in self.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
         groups = [{"params": decay, "weight_decay": weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=(device_type == "cuda"))
-
-    def configure_muon(self, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, betas=(0.8, 0.95),
-                       eps=1e-10, weight_decay=0.0, device_type="cpu"):
-        """The authors' recipe ("muon", nanochat's setup_optimizers): Muon (Nesterov)
-        on every matrix of the blocks, lr matrix_lr; AdamW on the token embedding,
-        lr embedding_lr * s, and on the lm head, lr unembedding_lr * s, where
-        s = (n_embd / 768) ** -0.5 (their lrs were tuned at width 768). Returns
-        [adamw, muon]; their momentum schedule is the training loop's."""
-        s = (self.config.n_embd / 768) ** -0.5
-        adamw = torch.optim.AdamW([{"params": [self.lm_head.weight], "lr": unembedding_lr * s},
-                                   {"params": [self.tok_emb.weight], "lr": embedding_lr * s}],
-                                  betas=betas, eps=eps, weight_decay=weight_decay, fused=(device_type == "cuda"))
-        muon = torch.optim.Muon(self.blocks.parameters(), lr=matrix_lr, weight_decay=weight_decay,
-                                momentum=0.95, nesterov=True)
-        return [adamw, muon]

@@ -17,8 +17,9 @@ the first osc_steps steps):
                    walk, above 0 for slow swings. Oscillation reads below -0.5.
   grad_zigzag      -(lag-1 autocorrelation) of log g_t minus its centred 5-step
                    running mean: 0.3 for independent noise, towards 1 for a zig-zag.
-  collapse_verdict the collapse rule on the whole val curve, against the 1-loop
-                   reference run at the same steps: collapsed / lagging / none.
+  outcome          THE rule on a run's whole val curve (against the 1-loop reference
+                   run at the same steps, when there is one): diverged / did not learn /
+                   collapsed / lagging / learned. Every run's last line and summary say it.
   gradient_statistics, residual_statistics  the summary's fields computed from
                    log.jsonl (each says what its fields mean).
   separation_verdict  when one variant beats another on the same seeds, or "not separated"
@@ -128,57 +129,62 @@ def grad_zigzag(g):
     return float(-(r[:-1] * r[1:]).sum() / max((r * r).sum(), 1e-30))
 
 
-def collapse_verdict(losses, ref_losses, h_unigram, margin=COLLAPSE_MARGIN):
-    """The collapse rule, on the whole val curve of a run (`losses`, at steps s_1..s_n)
-    against the 1-loop reference run's curve at the same steps (`ref_losses`, same
-    recipe, lr and budget, same eval set). H = h_unigram, the loss of a context-free
-    model; "near H" means within max(margin, NEAR_SHARE x the reference's gain
-    H - min(ref_losses)) of it. Returns (verdict, reason):
-      nan           the run diverged (a loss that is not finite, or no curve)
-      undetermined  the reference itself never came `margin` below H
-      collapsed     never learned: its best loss stays near H; or it ends near H
-                    after having learned; or it lost what it learned: it ends more
-                    than max(margin, LOST_SHARE x its best gain H - min(losses))
-                    above its own best
-      lagging       behind the reference at the last step by more than `margin`,
-                    without having lost what it learned; the reason says whether it
-                    is still improving (its last loss more than `margin` below the one
-                    a third of the curve earlier) or stalled
-      none          within `margin` of the reference at the last step, or better
+def outcome(losses, h_unigram, ref_losses=None, margin=COLLAPSE_MARGIN):
+    """THE rule that says what a run of train_flt.py did: its run's last line and its
+    summary.json ("outcome", "outcome_reason") say this, and the tables read nothing else.
+    It reads the run's whole val curve (`losses`, at steps s_1..s_n) against H = h_unigram,
+    the loss of a context-free model, and, when given, the 1-loop reference run's curve at
+    the same steps (`ref_losses`: same recipe, lr, budget and eval set). "Near H" means
+    within max(margin, NEAR_SHARE x the reference's gain H - min(ref_losses)) of it; within
+    margin without a reference. Returns (verdict, reason):
+      diverged       the loss or the gradient became NaN or inf (the run stopped there)
+      undetermined   the reference itself never came `margin` below H
+      did not learn  its best val loss stays near H: "never learned"
+      collapsed      it learned, then ended near H again ("back at the unigram level"), or
+                     ended more than max(margin, LOST_SHARE x its best gain H - min(losses))
+                     above its own best ("lost what it learned")
+      lagging        (a reference given) behind it at the last step by more than `margin`,
+                     without having lost what it learned; the reason says whether it is
+                     still improving (its last loss more than `margin` below the one a third
+                     of the curve earlier) or stalled
+      learned        otherwise: with a reference, within `margin` of it at the last step or
+                     better ("like the reference")
     A slow learner is "lagging", a spike that recovers is judged by where it ends."""
-    losses, ref = np.asarray(losses, dtype=float), np.asarray(ref_losses, dtype=float)
+    losses = np.asarray(losses, dtype=float)
+    ref = None if ref_losses is None else np.asarray(ref_losses, dtype=float)
     if len(losses) == 0 or not np.all(np.isfinite(losses)):
-        return "nan", "the run diverged"
-    if len(ref) != len(losses):
+        return "diverged", "a NaN or inf loss"
+    if ref is not None and len(ref) != len(losses):
         raise ValueError(f"the run's val curve has {len(losses)} points and the reference's {len(ref)}: "
                          f"they must be taken at the same steps")
-    best, final = losses.min(), losses[-1]
-    if h_unigram - ref.min() < margin:
+    if ref is not None and h_unigram - ref.min() < margin:
         return "undetermined", "the reference never learned"
-    near = max(margin, NEAR_SHARE * (h_unigram - ref.min()))
+    best, final = losses.min(), losses[-1]
+    near = margin if ref is None else max(margin, NEAR_SHARE * (h_unigram - ref.min()))
     if h_unigram - best < near:
-        return "collapsed", "never learned"
+        return "did not learn", "never learned"
     if h_unigram - final < near:
         return "collapsed", "back at the unigram level"
     if final - best > max(margin, LOST_SHARE * (h_unigram - best)):
         return "collapsed", "lost what it learned"
-    if final > ref[-1] + margin:
+    if ref is not None and final > ref[-1] + margin:
         earlier = losses[len(losses) - 1 - max(1, len(losses) // 3)]
         return "lagging", "still improving" if final < earlier - margin else "stalled"
-    return "none", "like the reference"
+    return "learned", "like the reference" if ref is not None else "below the unigram level"
 
 
-SEVERITY = {"none": 0, "lagging": 1, "collapsed": 2, "nan": 3}   # "undetermined" judges nothing
+SEVERITY = {"learned": 0, "lagging": 1, "collapsed": 2, "did not learn": 2, "diverged": 3}   # "undetermined": none
 
 
 def separation_verdict(a, b, a_name="A", b_name="B"):
     """Are two variants apart on the same seeds (B4-B6: FLT_res, LT_i, LT_ia against
-    FLT)? a, b: {seed: (final val loss, collapse verdict)}, the verdict from
-    collapse_verdict (which reads the whole val curve against the seed's reference).
+    FLT)? a, b: {seed: (final val loss, outcome)}, the outcome from `outcome` (which
+    reads the whole val curve against the seed's reference).
       "<B> beats <A>": on every shared seed (3 at least) B's final val loss is below A's
                        by more than the seed-to-seed spread (the larger sample sd of the
-                       two variants' final losses over those seeds), and B's collapse
-                       verdict is no worse than A's (none < lagging < collapsed < nan);
+                       two variants' final losses over those seeds), and B's outcome is
+                       no worse than A's (learned < lagging < collapsed = did not learn
+                       < diverged);
       "<A> beats <B>": the same the other way round;
       "not separated": otherwise, a gap inside the spread included."""
     seeds = sorted(set(a) & set(b))
@@ -195,11 +201,11 @@ def separation_verdict(a, b, a_name="A", b_name="B"):
 
 
 def judge_curves(val, ref, final_loss, h_unigram):
-    """collapse_verdict on two val curves {step: loss} at the steps both have; a run
-    whose final loss is not finite diverged."""
-    common = sorted(set(val) & set(ref))
-    return collapse_verdict([val[k] for k in common] if math.isfinite(final_loss) else [],
-                            [ref[k] for k in common], h_unigram)
+    """`outcome` on a val curve {step: loss}, against a reference's {step: loss} (or None)
+    at the steps both have; a run whose final loss is not finite diverged."""
+    steps = sorted(val if ref is None else set(val) & set(ref))
+    return outcome([val[k] for k in steps] if math.isfinite(final_loss) else [], h_unigram,
+                   None if ref is None else [ref[k] for k in steps])
 
 
 # --- the summary's fields, from the log --------------------------------------------------

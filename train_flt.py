@@ -1,7 +1,7 @@
 """
 Train a looped Transformer LM (looped.py) and record the stability diagnostics of "Simply
 Stabilizing the Loop via a Fully Looped Transformer": gradient norms per (loop, block), residual
-norms per loop, oscillation, collapse, the test-time loop curve. Recipes, checks: plumbing/flt_settings.py.
+norms per loop, oscillation, the run's outcome, the test-time loop curve.
 
   python train_flt.py --variant=FLT --n_loops=12 --n_layer=2   # byte LM on stdlib docstrings, the authors' recipe
   python train_flt.py --data=listops --optim=adamw             # ListOps (or a text file, or a train.bin/val.bin folder)
@@ -10,32 +10,34 @@ norms per loop, oscillation, collapse, the test-time loop curve. Recipes, checks
   python train_flt.py --compare=out/a,out/b --out_dir=assets   # figures and tables of finished runs (plumbing/flt_report.py)
   python train_flt.py --evaluate=out/flt --test_loops=24       # the test-time loop curve of a checkpoint
 
-Read top to bottom: DEFAULTS, evaluate, then main -> setup -> train (THE loop). The
-measurements it records are stability.py's (BlockGradRecorder; the statistics and the
-collapse rule that summary.json holds); the run's folder, log, resume point, schedules and
-summary are the plumbing's (plumbing/training.py, plumbing/flt_run.py).
+Read top to bottom: DEFAULTS, the recipe (RECIPES, the optimizers and their schedules),
+evaluate, then main -> setup -> train (THE loop). The measurements it records are
+stability.py's (BlockGradRecorder; the statistics and `outcome`, the one rule that the
+last line and summary.json state); the run's folder, log, resume point and summary are
+the plumbing's (plumbing/training.py, plumbing/flt_run.py; the flag checks flt_settings.py).
 """
 
+import math
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from configurator import run_cli
-from corpora import eval_set, get_batch
+from corpora import eval_set, get_batch, unigram_entropy
 from looped import LoopedConfig, LoopedTransformer
 from plumbing import cost, flt_report
-from plumbing.flt_run import (StepLedger, build_optimizers, evaluate_checkpoint, finish, load_data_rank0_first,
-                              mean_over_ranks, set_schedules)
+from plumbing.flt_run import StepLedger, evaluate_checkpoint, finish, load_data_rank0_first
 from plumbing.flt_settings import get_config, model_args, resume_config
-from plumbing.training import Run, grad_sync, wrap
-from stability import BlockGradRecorder, grad_norm
+from plumbing.training import Run, Schedule, grad_sync, wrap
+from stability import BlockGradRecorder, grad_norm, gradient_statistics, outcome, residual_statistics
 
 # -----------------------------------------------------------------------------
-# The flags that shape the experiment, each a --key=value flag (--help lists them). The
-# optimisation keys hold the authors' recipe; --optim=adamw switches every key of
-# flt_settings.RECIPES["adamw"]. The run's plumbing flags (out_dir, device, checkpoints,
-# --compare, --evaluate) are flt_settings.RUN_DEFAULTS.
+# The flags that shape the experiment, each a --key=value flag (--help lists them). Their
+# values are the authors' recipe, which the bare command runs (--optim=muon); --optim=adamw
+# replaces the keys of RECIPES["adamw"] below. The run's plumbing flags (out_dir, device,
+# checkpoints, --compare, --evaluate) are flt_settings.RUN_DEFAULTS: they change no result.
 
 DEFAULTS = dict(
     data="stdlib",           # "stdlib" (docstrings of Python's standard library, bytes), "listops" (expressions and
@@ -66,13 +68,77 @@ DEFAULTS = dict(
     lm_head_std=1e-3,        # model: lm head init std; 0 = zero
     grad_clip=1.0,           # 0 = no clipping
     # evaluation and diagnostics
-    eval_interval=100,       # val loss on the eval set every this many steps (the curve the collapse rule reads)
+    eval_interval=100,       # val loss on the eval set every this many steps (the curve stability.outcome reads)
     eval_batches=20,         # byte/token data: the eval set is eval_batches * batch_size fixed windows
     osc_steps=200,           # N of the gradient volatility and oscillation statistics
-    reference="",            # folder of a finished 1-loop run at the same lr and budget: enables the collapse rule
+    reference="",            # folder of a finished 1-loop run at the same lr and budget: outcome judges against it
     test_loops=0,            # the test-time loop curve's length (0 = max(2 * n_loops, 12); at least n_loops)
     seed=1337,
 )
+
+# -----------------------------------------------------------------------------
+# The recipe, all of it here: the optimizers, their learning rates, the schedules.
+#   muon   the authors' (FuRuF-11/FullyLoopedTransformer, built on nanochat's setup_optimizers):
+#          DEFAULTS' values. Muon (Nesterov) on every matrix of the blocks at lr; AdamW (betas
+#          0.8, 0.95, eps 1e-10) on the token embedding at embedding_lr * s and on the lm head at
+#          unembedding_lr * s, s = (n_embd / 768) ** -0.5 (their lrs were tuned at width 768);
+#          Muon's momentum 0.85 -> 0.95 over the first 300 steps; no weight decay, no warmup, a
+#          flat lr then linear to 0 over the last 20% of steps; the model with QK-norm, logit
+#          softcap 15 and the lm head drawn from N(0, 1e-3^2).
+#   adamw  a plain baseline: one AdamW at lr 3e-3 for every weight, 40 warmup steps then cosine,
+#          weight decay 0.1 on the matrices but the embedding; and it changes the MODEL: no
+#          QK-norm, no softcap, a zero lm head (looped.py's plain pre-norm Transformer).
+RECIPES = {
+    "muon": {},
+    "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
+                  qk_norm=False, softcap=0.0, lm_head_std=0.0),
+}
+MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon's momentum, warmed linearly from 0.85 to 0.95 over 300 steps
+
+
+def build_optimizers(model, cfg, device_type):
+    """The recipe's optimizers: [AdamW, Muon] for --optim=muon, [AdamW] for adamw. Their
+    lrs here are the base lrs that set_schedules scales every step."""
+    betas, fused = (cfg["beta1"], cfg["beta2"]), device_type == "cuda"
+    if cfg["optim"] == "adamw":
+        return [model.configure_optimizers(cfg["weight_decay"], cfg["lr"], betas, cfg["adam_eps"], device_type)]
+    s = (cfg["n_embd"] / 768) ** -0.5                                  # the width scale of the AdamW lrs
+    adamw = torch.optim.AdamW([{"params": [model.lm_head.weight], "lr": cfg["unembedding_lr"] * s},
+                               {"params": [model.tok_emb.weight], "lr": cfg["embedding_lr"] * s}],
+                              betas=betas, eps=cfg["adam_eps"], weight_decay=cfg["weight_decay"], fused=fused)
+    muon = torch.optim.Muon(model.blocks.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                            momentum=MUON_MOMENTUM[1], nesterov=True)     # momentum: muon_momentum, each step
+    return [adamw, muon]
+
+
+def muon_momentum(it):
+    """Muon's momentum at step it: 0.85 -> 0.95 linearly over the first 300 steps, then 0.95."""
+    lo, hi, n = MUON_MOMENTUM
+    return lo + (hi - lo) * min(it / n, 1.0)
+
+
+def lr_multiplier(it, cfg):
+    """The factor every base lr is multiplied by at step it (0-based), training.Schedule's:
+    warmdown (the authors': flat, then linear to 0 over the last warmdown_frac), or cosine
+    or linear after warmup_steps."""
+    return Schedule(cfg["schedule"], cfg["max_steps"], cfg["warmup_steps"], cfg["min_lr_frac"],
+                    cfg["warmdown_frac"]).lr(it, 1.0)
+
+
+def set_schedules(optimizers, base_lrs, it, cfg):
+    """Every group's lr = its base lr x lr_multiplier(it); Muon's momentum = muon_momentum(it).
+    Returns the lr of the block matrices at this step (the one the log records)."""
+    lr_now = lr_multiplier(it, cfg)
+    for o, bases in zip(optimizers, base_lrs):
+        for group, base in zip(o.param_groups, bases):
+            group["lr"] = base * lr_now
+            if isinstance(o, torch.optim.Muon):
+                group["momentum"] = muon_momentum(it)
+    return cfg["lr"] * cfg["lr_mult"] * lr_now
+
+
+# -----------------------------------------------------------------------------
+# The model read after every loop
 
 EVAL_CHUNK = 256                    # eval-set windows per forward pass (memory, not results)
 
@@ -109,7 +175,7 @@ def evaluate(model, eval_xy, n_loops, rt):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cfg = get_config(DEFAULTS, argv, __doc__)                   # one-line errors before any work
+    cfg = get_config(DEFAULTS, RECIPES, argv, __doc__)                 # one-line errors before any work
     if cfg["compare"]:
         return flt_report.compare(cfg["compare"].split(","), cfg["out_dir"] or None)
     if cfg["evaluate"]:
@@ -119,7 +185,7 @@ def main(argv=None):
     with Run(cfg, "train_flt.py", argv, resume_config) as run:
         raw, optimizers, base_lrs, data = setup(run)
         nan_stop = train(run, raw, optimizers, base_lrs, data)
-        return finish(run, raw, data, nan_stop, evaluate)      # summary.json with the test-time loop curve
+        return finish(run, raw, data, nan_stop, evaluate, summarize)   # summary.json, the outcome
 
 
 def setup(run):
@@ -131,7 +197,7 @@ def setup(run):
     train, val, vocab, is_bytes = load_data_rank0_first(cfg, rt)
     run.fingerprint(train)                                           # resume: the same data
     raw = LoopedTransformer(LoopedConfig(**model_args(cfg))).to(rt.device)
-    optimizers = build_optimizers(raw, cfg, rt)
+    optimizers = build_optimizers(raw, cfg, rt.device_type)
     base_lrs = [[cfg["lr_mult"] * g["lr"] for g in o.param_groups] for o in optimizers]  # the flags, also on resume
     if run.ckpt:
         run.restore(raw, optimizers)                                 # weights, optimizers, RNG
@@ -170,11 +236,11 @@ def train(run, raw, optimizers, base_lrs, data):
             (loss / n_micro).backward()                                 # backward
             loss_sum += loss.item() / n_micro
             res_norms += stats["residual_norms"] / n_micro
-        loss_now, res_norms = mean_over_ranks(loss_sum, res_norms, rt)
+        loss_now, res_norms = steps.mean_over_ranks(loss_sum, res_norms)
         g_total = grad_norm(params).item()                              # before clipping
         if steps.diverged(it, loss_now, g_total, res_norms):           # NaN or inf: stop before the update
             return it + 1
-        block_norms = [grad_norm(b.parameters()).item() for b in raw.blocks]
+        block_norms = [grad_norm(b.parameters()).item() for b in raw.blocks]   # of each block's weights
         if cfg["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])    # clip
         for o in optimizers:
@@ -183,8 +249,8 @@ def train(run, raw, optimizers, base_lrs, data):
         # residual_norms: per loop t, the mean over tokens of ||x_L^(t)||_2, the residual stream
         # after the last block of loop t, before the final norm
         run.log(step=steps.logged(loss_now, res_norms), loss=loss_now, lr=lr, grad_norm=g_total,
-                block_grad_norms=block_norms, residual_norms=[round(v, 4) for v in res_norms.tolist()],
-                **{f"{k}_grad_norms": v for k, v in recorder.norms(n_micro).items()})
+                block_param_grad_norms=block_norms, residual_norms=[round(v, 4) for v in res_norms.tolist()],
+                **{f"{k}_output_grad_norms": v for k, v in recorder.norms(n_micro).items()})
         if steps.done % cfg["eval_interval"] == 0 or steps.done == cfg["max_steps"]:   # the val curve
             ev = evaluate(raw, data["eval_xy"], K, rt)
             run.log(step=steps.done, val_loss=ev["loss"][-1],
@@ -193,6 +259,51 @@ def train(run, raw, optimizers, base_lrs, data):
     return None
 
 
+# -----------------------------------------------------------------------------
+# After the loop: what summary.json says about the run
+
+def summarize(run, raw, data, nan_stop, curve, records):
+    """summary.json: Paper B's measurements of a finished run, computed from log.jsonl (so
+    a resumed run is summarised over its whole history: `records`) and the test-time loop curve:
+    the gradient and residual-norm statistics and the outcome (stability.py's)."""
+    cfg, K = run.cfg, run.cfg["n_loops"]
+    steps = [rec for rec in records if "loss" in rec]
+    val = flt_report.val_curve(records)
+    tail = steps[len(steps) - max(1, len(steps) // 10):]
+    final_train = float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan")
+    # H: the entropy (nats/token) of the training data's unigram distribution, the loss of a
+    # model that ignores context
+    h_unigram = unigram_entropy(data["train"], data["vocab"])
+    final_val = curve["loss"][K - 1] if curve else float("nan")
+    ref = flt_report.reference_fields(cfg["reference"], val, final_val, h_unigram) if cfg["reference"] else {}
+    at = ref.get("reference_val_steps", sorted(val))                  # with a reference: the steps both have
+    verdict, reason = outcome([val[k] for k in at] if math.isfinite(final_val) else [], h_unigram,
+                              ref.get("reference_val_curve"))          # THE rule: diverged ... learned
+    out = {
+        "variant": cfg["variant"], "n_loops": K, "n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"],
+        "loss_type": cfg["loss_type"], "params": raw.num_params(), "steps": len(steps),
+        "final_train_loss": final_train,
+        "min_train_loss": float(min(rec["loss"] for rec in steps)) if steps else float("nan"),
+        "final_val_loss": final_val,
+        "val_steps": sorted(val), "val_curve": [val[k] for k in sorted(val)],
+        "eval_set_size": len(data["eval_xy"][0]),
+        "unigram_entropy": h_unigram,
+        **gradient_statistics([rec["grad_norm"] for rec in steps[:cfg["osc_steps"]]]),
+        **residual_statistics(steps, K),
+        "outcome": verdict, "outcome_reason": reason, "nan_step": nan_stop,
+        # the test-time loop curve, read on the val set after 1, 2, ..., n inference loops
+        "inference_loops": list(range(1, len(curve.get("loss", [])) + 1)), "val_loss_by_loops": curve.get("loss", []),
+        "hidden_norm_by_loops": curve.get("hidden_norm", []), "logit_entropy_by_loops": curve.get("logit_entropy", []),
+        **({"final_val_accuracy": curve["accuracy"][K - 1] if curve else float("nan"),
+            "val_accuracy_by_loops": curve.get("accuracy", [])} if cfg["data"] == "listops" else {}),
+        "wall_time_s": round(run.elapsed(), 1),
+    }
+    out.update(ref)                                 # the 1-loop reference run's, checked at the start
+    if data["is_bytes"]:
+        out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
+    return out
+
+
 if __name__ == "__main__":
     result = run_cli(main)
-    sys.exit(2 if isinstance(result, dict) and result.get("diverged_reason") == "nan" else 0)
+    sys.exit(2 if isinstance(result, dict) and result.get("outcome") == "diverged" else 0)

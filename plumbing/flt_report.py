@@ -49,31 +49,28 @@ def val_curve(records):
 # --- the fields of summary.json that train_flt.py computes from log.jsonl ----------------
 
 def verdict_line(summary):
-    """One line that says what a finished run showed: its final val loss against the
-    unigram entropy (the loss of a model that ignores context), and the residual peak."""
+    """The run's last line: its final val loss against the unigram entropy (the loss of a
+    model that ignores context), the outcome (stability.outcome, the one rule) and the
+    residual peak."""
     s = summary
-    outcome = {"nan": f"stopped by a NaN at step {s['nan_step']}",
-               "plateau": "it did not learn (the train loss stayed at the context-free level)"}
+    why = f"a NaN at step {s['nan_step']}" if s.get("nan_step") else s["outcome_reason"]
     return (f"{s['variant']}, {s['n_loops']} loops: final val loss {s['final_val_loss']:.3f} nats/token against "
             f"{s['unigram_entropy']:.3f} for a model that ignores context (the unigram entropy): "
-            f"{outcome.get(s['diverged_reason'], 'it learned')}; residual norm peak {s['max_residual_norm']:.0f}")
+            f"{s['outcome']} ({why}; stability.outcome); residual norm peak {s['max_residual_norm']:.0f}")
 
 
-def collapse_fields(reference, val, final_loss, h_unigram):
-    """The summary's collapse fields, given --reference=DIR (a finished 1-loop run, same
-    data, recipe, lr, budget and eval set): collapse, the rule on the run's whole val
-    curve {step: loss} against the reference's at the steps both have
-    (stability.collapse_verdict): collapsed (never learned, back at the unigram level,
-    or lost what it learned), lagging (behind at the end; still improving or stalled),
-    or none; collapse_kept = (H_unigram - final val loss) / (H_unigram - the reference's
-    final val loss)."""
+def reference_fields(reference, val, final_loss, h_unigram):
+    """The summary's fields of a run given --reference=DIR (a finished 1-loop run, same
+    data, recipe, lr, budget and eval set): the reference's final val loss and its val
+    curve at the steps both runs have (reference_val_steps, reference_val_curve: what
+    stability.outcome reads beside the run's curve at those steps), and
+    gain_kept = (H_unigram - final val loss) / (H_unigram - the reference's final val loss)."""
     ref_curve = val_curve(read_run_log(reference))
     ref_final = ref_curve[max(ref_curve)]
-    verdict, why = judge_curves(val, ref_curve, final_loss, h_unigram)
     kept = (h_unigram - final_loss) / (h_unigram - ref_final) if h_unigram - ref_final > 0 else float("nan")
-    return {"reference": reference, "reference_val_loss": ref_final,
-            "reference_val_curve": [ref_curve[k] for k in sorted(set(val) & set(ref_curve))],
-            "collapse": verdict, "collapse_reason": why, "collapse_kept": kept}
+    steps = sorted(set(val) & set(ref_curve))
+    return {"reference": reference, "reference_val_loss": ref_final, "reference_val_steps": steps,
+            "reference_val_curve": [ref_curve[k] for k in steps], "gain_kept": kept}
 
 
 # --- the figures and tables of a set of runs ----------------------------------------
@@ -139,8 +136,8 @@ def plot_runs(dirs, out_dir, quiet=False):
     rows = compare_table(runs)
     tables = [rows, seed_table(runs), paired_table(runs), separation_table(runs), residual_table(runs),
               grad_window_table(runs), grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
-        test_time_table(runs, key, digits=d) for key, d in (("test_val_loss", 3), ("test_val_accuracy", 3),
-                                                             ("test_hidden_norm", 1), ("test_logit_entropy", 3))]
+        test_time_table(runs, key, digits=d) for key, d in (("val_loss_by_loops", 3), ("val_accuracy_by_loops", 3),
+                                                             ("hidden_norm_by_loops", 1), ("logit_entropy_by_loops", 3))]
     runfiles.write_file(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
     if not quiet:
         print("\n".join(rows))
@@ -174,11 +171,24 @@ def load_run(d):
                          f"config has no optim); train it again to compare it")
     summary_path = os.path.join(d, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(r) for r in read_run_log(d)],
-                           summary=as_numbers(summary))
+    return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(renamed(r)) for r in read_run_log(d)],
+                           summary=as_numbers(renamed(summary)))
 
 
-NOT_NUMBERS = ("diverged_reason", "nan_step", "collapse", "collapse_reason", "reference")
+# The names older runs wrote (records under results/ keep them): read as today's.
+RENAMED = {"test_loops": "inference_loops", "test_val_loss": "val_loss_by_loops",
+           "test_hidden_norm": "hidden_norm_by_loops", "test_logit_entropy": "logit_entropy_by_loops",
+           "test_val_accuracy": "val_accuracy_by_loops", "block_grad_norms": "block_param_grad_norms",
+           "out_grad_norms": "out_output_grad_norms", "attn_grad_norms": "attn_output_grad_norms",
+           "mlp_grad_norms": "mlp_output_grad_norms", "collapse_kept": "gain_kept"}
+
+
+def renamed(record):
+    """A summary or log record with an older run's names replaced by today's (RENAMED)."""
+    return {RENAMED.get(k, k): v for k, v in record.items()}
+
+
+NOT_NUMBERS = ("outcome", "outcome_reason", "nan_step", "reference")
 
 
 def as_numbers(record):
@@ -189,18 +199,20 @@ def as_numbers(record):
 
 
 def rejudge(r):
-    """The run with its collapse fields computed by collapse_verdict from the val
-    curves in its log.jsonl and its reference's, so that a table always shows this
-    file's rule, whatever summary.json holds; unchanged when the run has no
-    reference or its folder is gone."""
+    """The run with its outcome computed by stability.outcome from the val curves in its
+    log.jsonl (and its reference's, when it has one), so that a table always shows this
+    file's rule, whatever summary.json holds (a record of an older rule included)."""
+    if not r.summary:                                      # not finished: nothing to judge
+        return r
     ref_dir = r.summary.get("reference")
     if ref_dir and not os.path.exists(ref_dir):            # a record: its reference's record lies beside it
         ref_dir = os.path.join(os.path.dirname(os.path.abspath(r.dir)), os.path.basename(ref_dir.rstrip("/")))
-    if not ref_dir or not os.path.exists(os.path.join(ref_dir, "config.json")):
-        return r
-    r.summary["collapse"], r.summary["collapse_reason"] = judge_curves(
-        val_curve(r.log), val_curve(read_run_log(ref_dir)), r.summary["final_val_loss"],
-        r.summary["unigram_entropy"])
+    val, final, h = val_curve(r.log), r.summary["final_val_loss"], r.summary["unigram_entropy"]
+    ref = None
+    if ref_dir and os.path.exists(os.path.join(ref_dir, "config.json")):
+        ref = val_curve(read_run_log(ref_dir))
+        r.summary["gain_kept"] = reference_fields(ref_dir, val, final, h)["gain_kept"]
+    r.summary["outcome"], r.summary["outcome_reason"] = judge_curves(val, ref, final, h)
     return r
 
 
@@ -229,8 +241,8 @@ def draw_grad_norm(ax, r, c):
 
 def draw_test_time_loops(ax, r, c):
     s = r.summary
-    if s.get("test_val_loss"):
-        ax.plot(s["test_loops"], s["test_val_loss"], ".-", color=c, label=r.cfg["variant"])
+    if s.get("val_loss_by_loops"):
+        ax.plot(s["inference_loops"], s["val_loss_by_loops"], ".-", color=c, label=r.cfg["variant"])
         ax.axvline(r.cfg["n_loops"], color="grey", ls=":", lw=0.8)
 
 
@@ -268,7 +280,8 @@ def draw_residual_norms(plt, runs, variants, Ks, out_dir):
 
 def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
     """The finished runs of one recipe: a panel per variant, final val loss over K x lr
-    multiplier (mean over seeds), marked C (collapsed) / L (lagging) by the collapse rule.
+    multiplier (mean over seeds), marked D (did not learn), C (collapsed), L (lagging) by
+    stability.outcome against the 1-loop run.
     The K=1 column is the same in every panel: at one loop the five variants are one model (looped.py)."""
     lrms = sorted(set(r.cfg.get("lr_mult", 1.0) for r in runs))
     losses = [r.summary["final_val_loss"] for r in runs if math.isfinite(r.summary["final_val_loss"])]
@@ -281,7 +294,7 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
                         and r.cfg.get("lr_mult", 1.0) == lrm]
                 if cell:
                     grid[i, j] = np.mean([c["final_val_loss"] for c in cell])
-                    marks = "".join(sorted({c.get("collapse", "")[:1].upper() for c in cell} & {"C", "L"}))
+                    marks = "".join(sorted({c.get("outcome", "")[:1].upper() for c in cell} & {"C", "D", "L"}))
                     ax.text(j, i, f"{grid[i, j]:.2f}{marks}", ha="center", va="center", fontsize=7, color="w")
         ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto", vmin=min(losses, default=0),
                   vmax=max(losses, default=1))
@@ -290,7 +303,7 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
         ax.set_title(v, fontsize=9)
         ax.set_xlabel("loops K", fontsize=8)
     axes[0][0].set_ylabel("lr multiplier", fontsize=8)
-    fig.suptitle(f"final val loss, recipe {optim} (C collapsed, L lagging, vs the 1-loop run)", fontsize=9)
+    fig.suptitle(f"final val loss, recipe {optim} (D did not learn, C collapsed, L lagging, vs the 1-loop run)", fontsize=9)
     fig.tight_layout()
     save_figure(plt, fig, os.path.join(out_dir, f"flt_map_{optim}.png"), dpi=90)
 
@@ -300,17 +313,17 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
 def compare_table(runs):
     """A markdown row per finished run (summary.json; unfinished runs are left out)."""
     rows = ["| run | recipe | variant | K | seed | final val loss | bits/byte | res. norm first->last step "
-            "(last loop) | max res. norm (loop, step) | grad volatility | grad dlog ac1 | grad zigzag | diverged "
-            "| collapse (reason; kept) | best test-time loops (val) |", "|" + "---|" * 15]
+            "(last loop) | max res. norm (loop, step) | grad volatility | grad dlog ac1 | grad zigzag "
+            "| outcome (reason; gain kept) | best test-time loops (val) |", "|" + "---|" * 14]
     nan = float("nan")
     for r in runs:
         s = r.summary
         if not s:
             continue
-        curve = s.get("test_val_loss") or [nan]
+        curve = s.get("val_loss_by_loops") or [nan]
         best = int(np.nanargmin(curve)) + 1 if not all(math.isnan(c) for c in curve) else 0
-        collapse = (f"{s['collapse']} ({s.get('collapse_reason', '')}; {s['collapse_kept']:.2f})"
-                    if "collapse" in s else "-")
+        kept = f"; {s['gain_kept']:.2f}" if "gain_kept" in s else ""
+        outcome = f"{s['outcome']} ({s.get('outcome_reason', '')}{kept})" if "outcome" in s else "-"
         rows.append(f"| {os.path.basename(os.path.normpath(r.dir))} | {r.cfg['optim']} "
                     f"| {s['variant']} | {s['n_loops']} | {r.cfg.get('seed')} "
                     f"| {s['final_val_loss']:.3f} | {s.get('final_val_bpb', nan):.3f} "
@@ -318,7 +331,7 @@ def compare_table(runs):
                     f"{s['residual_norm_last'][-1] if s['residual_norm_last'] else nan:.1f} "
                     f"| {peak_residual(s)} | {s['grad_volatility']:.3f} "
                     f"| {s.get('grad_dlog_ac1', nan):.2f} | {s.get('grad_zigzag', nan):.2f} "
-                    f"| {s['diverged_reason'] or 'no'} | {collapse} | {best} ({min(curve):.3f}) |")
+                    f"| {outcome} | {best} ({min(curve):.3f}) |")
     return rows
 
 
@@ -357,14 +370,14 @@ def by_cell(runs):
 def seed_table(runs):
     """A markdown row per (data, recipe, variant, K, lr): the mean and spread over seeds
     of the final val loss, its paired gap to the 1-loop reference (run - reference, per
-    seed), the collapse verdicts, the peak residual norm and the gradient statistics."""
+    seed), the outcomes (stability.outcome), the peak residual norm and the gradient statistics."""
     rows = ["| data | recipe | variant | K | lr x | seeds | final val loss | minus its reference (paired) "
-            "| collapse rule per seed | peak residual norm | grad volatility | grad dlog ac1 | grad zigzag |",
+            "| outcome per seed | peak residual norm | grad volatility | grad dlog ac1 | grad zigzag |",
             "|" + "---|" * 13]
     for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
         s = [r.summary for r in cell]
         gap = [x["final_val_loss"] - x["reference_val_loss"] for x in s if "reference_val_loss" in x]
-        verdicts = "; ".join(f"{x['collapse']} ({x.get('collapse_reason', '')})" for x in s if "collapse" in x)
+        verdicts = "; ".join(f"{x['outcome']} ({x.get('outcome_reason', '')})" for x in s if "outcome" in x)
         rows.append(f"| {os.path.basename(str(data))} | {optim} | {variant} | {K} | {lrm} "
                     f"| {', '.join(str(r.cfg.get('seed')) for r in cell)} "
                     f"| {spread([x['final_val_loss'] for x in s])} | {spread(gap) if gap else '-'} "
@@ -375,7 +388,7 @@ def seed_table(runs):
     return rows
 
 
-def test_time_table(runs, key="test_val_loss", loops=(1, 3, 6, 9, 12), digits=3):
+def test_time_table(runs, key="val_loss_by_loops", loops=(1, 3, 6, 9, 12), digits=3):
     """A markdown row per (data, recipe, variant, K, lr): a test-time field (`key`: the
     val loss, accuracy, hidden norm or logit entropy) read after each inference loop
     count in `loops` and at 2K, mean ± std over seeds."""
@@ -411,9 +424,9 @@ def paired_table(runs, against="FLT"):
 def separation_table(runs, against="FLT", others=("FLT_res", "LT_ia", "LT_i", "LT")):
     """A markdown row per (data, recipe, K, lr) and variant in `others` that has runs of
     `against` on the same seeds: separation_verdict on their final val losses and
-    collapse verdicts (B4: FLT_res, B5: LT_ia, B6: LT_i and LT_ia, against FLT)."""
+    outcomes (B4: FLT_res, B5: LT_ia, B6: LT_i and LT_ia, against FLT)."""
     cells = by_cell(runs)
-    seed_of = lambda cell: {r.cfg.get("seed"): (r.summary["final_val_loss"], r.summary.get("collapse", "nan"))
+    seed_of = lambda cell: {r.cfg.get("seed"): (r.summary["final_val_loss"], r.summary.get("outcome", "diverged"))
                             for r in cell}
     rows = [f"| data | recipe | K | lr x | variant | seeds | final val loss | {against}'s | the rule |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -493,7 +506,8 @@ def grad_flow_table(runs, kind="out"):
     rows = [f"| data | variant | K | seeds | {kind} grad norm per loop, loop 1 ... K (x1e-3) | loop 1 / loop K |",
             "|---|---|---|---|---|---|"]
     for (data, optim, variant, K, lrm), cell in by_cell(runs).items():
-        arr = [np.array([x[f"{kind}_grad_norms"] for x in r.log if x.get(f"{kind}_grad_norms")]) for r in cell]
+        arr = [np.array([x[f"{kind}_output_grad_norms"] for x in r.log if x.get(f"{kind}_output_grad_norms")])
+               for r in cell]
         if not all(len(a) for a in arr):
             continue
         per_loop = np.mean([a.sum(2).mean(0) for a in arr], axis=0)

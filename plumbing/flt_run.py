@@ -3,11 +3,8 @@ What train_flt.py's run does around its loop, so that the script shows the loop
 (batch -> loss -> backward -> clip -> update) and the evaluation:
 
   load_data_rank0_first  corpora.load_data, rank 0 before the other DDP ranks
-  build_optimizers       the recipe's optimizers (Muon and AdamW, or AdamW)
-  set_schedules          each step's lr (warmdown) and Muon momentum
   StepLedger             the steps to run, progress bar, NaN guard, ETA, checkpoints, signals
-  mean_over_ranks        a step's loss and residual norms averaged over DDP ranks
-  finish                 summary.json, the verdict line, a sample, the run's figures
+  finish                 summary.json (train_flt.summarize), the last line, a sample, the figures
   evaluate_checkpoint    --evaluate: the test-time loop curve of a finished run
 """
 
@@ -16,20 +13,15 @@ import math
 import os
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from corpora import eval_set, load_data, unigram_entropy
+from corpora import eval_set, load_data
 from looped import LoopedConfig, LoopedTransformer
 from plumbing import flt_report
 from plumbing.flt_settings import model_args
-from plumbing.training import NonFiniteGuard, Schedule, load_checkpoint, load_weights, setup_runtime
-from stability import gradient_statistics, residual_statistics
-
-MUON_MOMENTUM = (0.85, 0.95, 300)   # Muon momentum warmed linearly from 0.85 to 0.95 over 300 steps
-
+from plumbing.training import NonFiniteGuard, load_checkpoint, load_weights, setup_runtime
 
 def load_data_rank0_first(cfg, rt):
     """corpora.load_data, run by rank 0 before the other DDP ranks (it may build a
@@ -45,46 +37,11 @@ def load_data_rank0_first(cfg, rt):
     return train, val, vocab, is_bytes
 
 
-def build_optimizers(raw, cfg, rt):
-    """The recipe's optimizers: [AdamW, Muon] for --optim=muon, [AdamW] for adamw."""
-    betas = (cfg["beta1"], cfg["beta2"])
-    if cfg["optim"] == "muon":
-        return raw.configure_muon(cfg["lr"], cfg["embedding_lr"], cfg["unembedding_lr"], betas, cfg["adam_eps"],
-                                  cfg["weight_decay"], rt.device_type)
-    return [raw.configure_optimizers(cfg["weight_decay"], cfg["lr"], betas, cfg["adam_eps"], rt.device_type)]
-
-
-# --- the recipe's schedules --------------------------------------------------------------
-
-def muon_momentum(it):
-    """Muon's momentum at step it: 0.85 -> 0.95 linearly over the first 300 steps, then 0.95."""
-    lo, hi, n = MUON_MOMENTUM
-    return lo + (hi - lo) * min(it / n, 1.0)
-
-
-def lr_multiplier(it, cfg):
-    """The factor every base lr is multiplied by at step it (0-based): training.Schedule's
-    (warmdown, the authors': flat, then linear to 0 over the last warmdown_frac)."""
-    return Schedule(cfg["schedule"], cfg["max_steps"], cfg["warmup_steps"], cfg["min_lr_frac"],
-                    cfg["warmdown_frac"]).lr(it, 1.0)
-
-
-def set_schedules(optimizers, base_lrs, it, cfg):
-    """Every group's lr = its base lr x lr_multiplier(it); Muon's momentum = muon_momentum(it).
-    Returns the lr of the block matrices at this step (the one the log records)."""
-    lr_now = lr_multiplier(it, cfg)
-    for o, bases in zip(optimizers, base_lrs):
-        for group, base in zip(o.param_groups, bases):
-            group["lr"] = base * lr_now
-            if isinstance(o, torch.optim.Muon):
-                group["momentum"] = muon_momentum(it)
-    return cfg["lr"] * cfg["lr_mult"] * lr_now
-
-
 # --- the loop's bookkeeping --------------------------------------------------------------
 
 class StepLedger:
     """The steps to run (resume point to max_steps or --stop_step), with a progress bar;
+    mean_over_ranks(): a step's loss and residual norms over DDP ranks;
     diverged(): a NaN or inf, stop before the update; logged(): count the step, ETA;
     end_of_step(): ckpt.pt every ckpt_interval steps, a stop signal stops here."""
 
@@ -132,25 +89,26 @@ class StepLedger:
             self.run.save_resume(self.raw, self.optimizers, step=self.done)
         self.run.tick()
 
-
-def mean_over_ranks(loss, res_norms, rt):
-    """The step's loss (float) and per-loop residual norms (tensor), averaged over
-    DDP ranks (unchanged without DDP)."""
-    if not rt.ddp:
-        return loss, res_norms
-    t = torch.tensor([loss], dtype=torch.float64, device=rt.device)
-    dist.all_reduce(t)
-    dist.all_reduce(res_norms)
-    return t.item() / rt.world_size, res_norms / rt.world_size
+    def mean_over_ranks(self, loss, res_norms):
+        """The step's loss (float) and per-loop residual norms (tensor), averaged over
+        DDP ranks (unchanged without DDP)."""
+        rt = self.run.rt
+        if not rt.ddp:
+            return loss, res_norms
+        t = torch.tensor([loss], dtype=torch.float64, device=rt.device)
+        dist.all_reduce(t)
+        dist.all_reduce(res_norms)
+        return t.item() / rt.world_size, res_norms / rt.world_size
 
 
 # --- after the loop ----------------------------------------------------------------------
 
-def finish(run, raw, data, nan_stop, evaluate):
+def finish(run, raw, data, nan_stop, evaluate, summarize):
     """After the loop: a run halted by --stop_step just says how to continue. A run
-    that ended (at max_steps, or stopped by a NaN) gets summary.json (with the
-    test-time loop curve, read by `evaluate`), its figures and, on byte data with
-    --sample_tokens, a sample. Returns the summary (None when halted)."""
+    that ended (at max_steps, or stopped by a NaN) gets summary.json (train_flt.summarize's,
+    with the test-time loop curve read by `evaluate`), its last line (the outcome), its
+    figures and, on byte data with --sample_tokens, a sample. Returns the summary (None
+    when halted)."""
     cfg, rt = run.cfg, run.rt
     if nan_stop is None and 0 < cfg["stop_step"] < cfg["max_steps"]:
         run.say(f"stopped at step {cfg['stop_step']} (--stop_step); continue with --init_from=resume")
@@ -159,7 +117,8 @@ def finish(run, raw, data, nan_stop, evaluate):
     # max(2K, 12), so it covers the authors' budgets 1, 3, 6, 9, 12 and 2K
     n_test = max(cfg["test_loops"] or max(2 * cfg["n_loops"], 12), cfg["n_loops"])
     curve = evaluate(raw, data["eval_xy"], n_test, rt) if nan_stop is None else {}
-    summary = summarize(run, raw, data, nan_stop, curve)
+    records = flt_report.read_run_log(cfg["out_dir"]) if rt.master else []     # the whole run, resumed or not
+    summary = summarize(run, raw, data, nan_stop, curve, records)
     if rt.ddp:
         summary["ddp_replicas_identical"] = run.replica_max_diff(raw) == 0.0
     run.write_summary(summary)
@@ -172,46 +131,6 @@ def finish(run, raw, data, nan_stop, evaluate):
             run.say(bytes(out).decode("utf-8", errors="replace"))
         flt_report.plot_runs([cfg["out_dir"]], cfg["out_dir"], quiet=True)
     return summary
-
-
-def summarize(run, raw, data, nan_stop, curve):
-    """summary.json: what a table of runs needs, computed from log.jsonl (so a
-    resumed run is summarised over its whole history) and the test-time loop curve."""
-    cfg, rt, K = run.cfg, run.rt, run.cfg["n_loops"]
-    records = flt_report.read_log(cfg["out_dir"]) if rt.master else []
-    steps = [rec for rec in records if "loss" in rec]
-    val = flt_report.val_curve(records)
-    tail = steps[len(steps) - max(1, len(steps) // 10):]
-    final_train = float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan")
-    # H: the entropy (nats/token) of the training data's unigram distribution, the loss of a
-    # model that ignores context
-    h_unigram = unigram_entropy(data["train"], data["vocab"])
-    # diverged: the loss or gradient became NaN/inf ("nan"), or the run plateaued at the context-free
-    # level ("plateau"): the mean train loss over the last 10% of steps (at least the last one) >= 0.95 H
-    reason = "nan" if nan_stop is not None else ("plateau" if final_train >= 0.95 * h_unigram else None)
-    out = {
-        "variant": cfg["variant"], "n_loops": K, "n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"],
-        "loss_type": cfg["loss_type"], "params": raw.num_params(), "steps": len(steps),
-        "final_train_loss": final_train,
-        "min_train_loss": float(min(rec["loss"] for rec in steps)) if steps else float("nan"),
-        "final_val_loss": curve["loss"][K - 1] if curve else float("nan"),
-        "val_steps": sorted(val), "val_curve": [val[k] for k in sorted(val)],
-        "eval_set_size": len(data["eval_xy"][0]),
-        "unigram_entropy": h_unigram,
-        **gradient_statistics([rec["grad_norm"] for rec in steps[:cfg["osc_steps"]]]),
-        **residual_statistics(steps, K),
-        "diverged": reason is not None, "diverged_reason": reason, "nan_step": nan_stop,
-        "test_loops": list(range(1, len(curve.get("loss", [])) + 1)), "test_val_loss": curve.get("loss", []),
-        "test_hidden_norm": curve.get("hidden_norm", []), "test_logit_entropy": curve.get("logit_entropy", []),
-        **({"final_val_accuracy": curve["accuracy"][K - 1] if curve else float("nan"),
-            "test_val_accuracy": curve.get("accuracy", [])} if cfg["data"] == "listops" else {}),
-        "wall_time_s": round(run.elapsed(), 1),
-    }
-    if cfg["reference"]:                            # the 1-loop reference run, checked at the start
-        out.update(flt_report.collapse_fields(cfg["reference"], val, out["final_val_loss"], h_unigram))
-    if data["is_bytes"]:
-        out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
-    return out
 
 
 def evaluate_checkpoint(run_dir, test_loops, device, evaluate, defaults):

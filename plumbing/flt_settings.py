@@ -1,9 +1,8 @@
 """
-The flags of train_flt.py beyond their defaults: the named recipes (--optim) and the
-checks run on the flags before any work, so that a bad flag is one line and nothing
-is written. train_flt.py keeps DEFAULTS and calls these.
+The flags of train_flt.py beyond DEFAULTS and RECIPES (which the script keeps, with the
+recipe): the checks run on the flags before any work, so that a bad flag is one line
+and nothing is written.
 
-  RECIPES          --optim=muon (the authors', the values in DEFAULTS) or adamw (a plain baseline)
   RUN_DEFAULTS     the run's plumbing flags (out_dir, device, checkpoints, --compare, --evaluate)
   get_config       DEFAULTS and RUN_DEFAULTS, then the recipe, then every --key=value, then the checks
   model_args       looped.LoopedConfig's arguments from the flags
@@ -20,20 +19,6 @@ import configurator
 from plumbing.training import read_log
 from looped import LOSS_TYPES, VARIANTS
 
-# The recipes, applied over DEFAULTS and before the command line: a key given as a flag
-# keeps the flag's value.
-#   muon   the authors' (FuRuF-11/FullyLoopedTransformer, nanochat): Muon, Nesterov, lr 0.02 on every
-#          matrix of the blocks, momentum 0.85 -> 0.95 over the first 300 steps; AdamW (betas 0.8, 0.95,
-#          eps 1e-10) on the token embedding (lr 0.2 s) and the lm head (lr 0.004 s), s = (n_embd / 768)
-#          ** -0.5; no weight decay; no warmup, flat lr then linear to 0 over the last 20% of steps; the
-#          model with QK-norm, logit softcap 15, lm head init N(0, 1e-3^2). These are DEFAULTS' values.
-#   adamw  a plain AdamW baseline: one lr (3e-3) for every weight, 40 warmup steps then cosine, weight
-#          decay 0.1, and the model without nanochat's QK-norm, softcap and lm-head init (zero lm head)
-RECIPES = {
-    "muon": {},
-    "adamw": dict(lr=3e-3, warmup_steps=40, schedule="cosine", weight_decay=0.1, beta1=0.9, adam_eps=1e-8,
-                  qk_norm=False, softcap=0.0, lm_head_std=0.0),
-}
 MAX_TEST_LOOPS = 1024               # the test-time loop curve's longest reach
 
 # The run's plumbing flags: where it writes and reads, how often it checkpoints, on what
@@ -64,16 +49,17 @@ RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "
                "stop_step", "sample_tokens", "block_grads_every", "device", "dtype", "compile", "debug")
 
 
-def get_config(defaults, argv, doc):
-    """Two passes: --optim picks the recipe's values, then every --key=value applies.
-    Then the checks: a run's flags all of them, --compare's and --evaluate's their own."""
+def get_config(defaults, recipes, argv, doc):
+    """Two passes: --optim picks the recipe's values (recipes: train_flt.RECIPES, applied
+    over DEFAULTS; a key given as a flag keeps the flag's value), then every --key=value
+    applies. Then the checks: a run's flags all of them, --compare's and --evaluate's their own."""
     optim = configurator.flag_value(argv, "optim", defaults["optim"])
-    if optim not in RECIPES:
-        raise ValueError(f"--optim={optim} is not one of {tuple(RECIPES)}")
-    recipes = "\n".join(f"  --optim={name}: " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "DEFAULTS' values")
-                        for name, values in RECIPES.items())
-    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **RECIPES[optim]}, argv,
-                                 doc + "\n--optim=NAME sets (flt_settings.RECIPES):\n" + recipes)
+    if optim not in recipes:
+        raise ValueError(f"--optim={optim} is not one of {tuple(recipes)}")
+    listing = "\n".join(f"  --optim={name}: " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "DEFAULTS' values")
+                        for name, values in recipes.items())
+    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **recipes[optim]}, argv,
+                                 doc + "\n--optim=NAME sets (train_flt.RECIPES):\n" + listing)
     check_test_loops(cfg)
     given = configurator.given_keys(argv)
     if cfg["compare"]:

@@ -60,7 +60,7 @@ block(torch.ones(1, 2, requires_grad=True)).sum().backward()
 norms = rec.norms(1)
 assert set(norms) == {"out", "attn", "mlp"} and norms["out"][0][0] > 0, norms
 assert m.grad_volatility([1.0, 2.0, 1.0, 2.0]) > 0
-assert m.collapse_verdict([3.0, 3.0], [3.0, 1.0], 3.0)[0] == "collapsed"
+assert m.outcome([3.0, 3.0], 3.0, [3.0, 1.0])[0] == "did not learn"
 """
 COPYABLE = {
     "model.py": ((), "m.Transformer(m.TransformerConfig(n_embd=16, n_head=2, vocab_size=10))"),

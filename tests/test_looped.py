@@ -8,10 +8,12 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from looped import VARIANTS, LoopedConfig, LoopedTransformer, loss_loops, norm  # noqa: E402
+import train_flt  # noqa: E402
 
 V, T, B = 32, 16, 3
 
@@ -181,6 +183,12 @@ def test_lt_starts_from_previous_state():
     assert seen[0][1] is h and all(q is None for _, _, q in seen)
 
 
+def loop_losses(model, idx, targets):
+    """The cross-entropy of every loop's logits, tensor (n_loops,), from loops() directly."""
+    return torch.stack([F.cross_entropy(model.logits(h).flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+                        for h, _ in model.loops(idx)])
+
+
 @pytest.mark.parametrize("loss_type", ["END", "STEP", "FEW"])
 def test_loss_types_combine_the_per_loop_losses(loss_type):
     K = 6
@@ -188,7 +196,7 @@ def test_loss_types_combine_the_per_loop_losses(loss_type):
     idx, targets = batch()
     with torch.no_grad():
         _, loss = model(idx, targets)
-        per_loop = model.loop_losses(idx, targets)
+        per_loop = loop_losses(model, idx, targets)
     # loop k's logits do not depend on how many loops follow: END at n_loops=k+1 is loop k
     end_at = torch.stack([make("FLT", n_loops=K)(idx, targets, n_loops=k + 1)[1] for k in range(K)])
     assert torch.allclose(per_loop, end_at.detach(), atol=1e-12)
@@ -268,7 +276,7 @@ def test_step_and_few_losses_use_the_final_loop_for_lt_i_and_lt_ia():
     for variant in ("LT_i", "LT_ia", "FLT"):
         model = make(variant, n_loops=4, loss_type="STEP")
         with torch.no_grad():
-            per_loop = model.loop_losses(idx, targets)
+            per_loop = loop_losses(model, idx, targets)
             loss = model(idx, targets)[1]
         want = per_loop[-1] if variant != "FLT" else per_loop.mean()
         assert torch.allclose(loss, want, atol=1e-12), variant
@@ -300,7 +308,7 @@ def test_causal_future_tokens_do_not_change_earlier_logits(variant):
 
 def test_muon_on_exactly_the_block_matrices_adamw_on_the_rest():
     model = LoopedTransformer(LoopedConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=192))
-    adamw, muon = model.configure_muon()
+    adamw, muon = train_flt.build_optimizers(model, dict(train_flt.DEFAULTS, n_embd=192), "cpu")
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     block = {id(p) for p in model.blocks.parameters()}
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}

@@ -931,7 +931,7 @@ def test_an_exploding_residual_stream_stops_the_run_as_a_nan_does(tmp_path, text
     out = tmp_path / "o"
     cli(train_flt, *FLT, f"--data={text_file}", "--lr=1e9", f"--out_dir={out}")    # in-process: no exit status
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["diverged_reason"] == "nan" and summary["nan_step"] >= 1
+    assert summary["outcome"] == "diverged" and summary["nan_step"] >= 1
 
 
 def test_a_batch_too_large_for_memory_is_refused_before_any_work(tmp_path, text_file, monkeypatch):

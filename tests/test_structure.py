@@ -169,7 +169,13 @@ def test_no_method_shares_a_name_with_a_function_of_its_module(name):
 # README's "## Reading order": a bold header "(N lines, about M minutes, P pieces)", the
 # command in a code line, and a table `| `file` | lines | ... |`, one row per file on the path.
 TOOL = ROOT.parent / "shared" / "tools" / "reading_path.py"
-PAPERS = {"Paper A": ("train_spt.py:main", 700), "Paper B": ("train_flt.py:main", 450)}
+# Each paper's path, its line budget, and the modules its contract list may name: plumbing only
+# (data, flags, run folders and reports). Paper A reads analysis.py's measurements whole beside
+# its path (README says so); Paper B's diagnostics (stability.py) are its content and on its path
+# in full, which puts it over the 600 lines aimed at (README states the count).
+BY_CONTRACT = {"data_lra", "pathfinder", "corpora", "configurator", "plumbing"}
+PAPERS = {"Paper A": ("train_spt.py:main", 750, BY_CONTRACT | {"analysis"}),
+          "Paper B": ("train_flt.py:main", 700, BY_CONTRACT)}
 HEADER = re.compile(r"\((\d+) lines, about (\d+) minutes, (\d+) pieces\)")
 
 
@@ -207,11 +213,10 @@ def path_problems(stated, measured):
 @pytest.mark.parametrize("paper", list(PAPERS))
 def test_readme_reading_order_is_what_the_tool_counts(paper):
     command, *stated = readme_paths((ROOT / "README.md").read_text())[paper]
-    entry, budget = PAPERS[paper]
+    entry, budget, allowed = PAPERS[paper]
     assert entry in command and "--contract=" in command, command
     contract = set(command.split("--contract=")[1].split()[0].split(","))
-    assert contract == {p.stem for p in ROOT.glob("*.py")} - {"model", "looped", "synthetic", "theory",
-                                                              "train_spt", "train_flt"} | {"plumbing"}, contract
+    assert contract == allowed, f"{paper}'s contract list names {sorted(contract ^ allowed)} wrongly"
     measured = tool_paths(command)
     assert not path_problems(stated, measured), path_problems(stated, measured)
     assert measured[0] <= budget, f"{paper}'s path is {measured[0]} lines, more than {budget}"

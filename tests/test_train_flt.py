@@ -16,7 +16,7 @@ sys.path.insert(0, ROOT)
 
 import corpora  # noqa: E402
 import data_lra  # noqa: E402
-from plumbing import flt_report, flt_run  # noqa: E402
+from plumbing import flt_report  # noqa: E402
 from plumbing import flt_settings  # noqa: E402
 import stability  # noqa: E402
 import train_flt  # noqa: E402
@@ -69,11 +69,11 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     for r in steps:
-        assert set(r) == {"step", "loss", "lr", "grad_norm", "block_grad_norms", "residual_norms", "out_grad_norms",
-                          "attn_grad_norms", "mlp_grad_norms"}
-        assert len(r["block_grad_norms"]) == 1 and len(r["residual_norms"]) == 2
+        assert set(r) == {"step", "loss", "lr", "grad_norm", "block_param_grad_norms", "residual_norms",
+                          "out_output_grad_norms", "attn_output_grad_norms", "mlp_output_grad_norms"}
+        assert len(r["block_param_grad_norms"]) == 1 and len(r["residual_norms"]) == 2
         for kind in ("out", "attn", "mlp"):
-            assert [len(row) for row in r[f"{kind}_grad_norms"]] == [1, 1]      # one per (loop, block)
+            assert [len(row) for row in r[f"{kind}_output_grad_norms"]] == [1, 1]      # one per (loop, block)
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     s = json.load(open(os.path.join(out, "summary.json")))
     assert s == json.loads(runfiles._to_json(summary))                  # strict JSON: a NaN is written as null
@@ -81,19 +81,19 @@ def test_tiny_run_writes_config_log_and_summary(tmp_path, text_file):
     assert s["residual_norm_peak"] == res.max(0).tolist()
     assert s["residual_norm_peak_step"] == [steps[i]["step"] for i in res.argmax(0)]
     for key in ("final_val_loss", "final_val_bpb", "grad_volatility", "grad_dlog_ac1", "grad_zigzag",
-                "max_residual_norm", "diverged", "diverged_reason", "test_loops", "test_val_loss", "test_hidden_norm",
-                "test_logit_entropy", "params", "wall_time_s", "unigram_entropy", "val_steps", "val_curve"):
+                "max_residual_norm", "outcome", "outcome_reason", "inference_loops", "val_loss_by_loops", "hidden_norm_by_loops",
+                "logit_entropy_by_loops", "params", "wall_time_s", "unigram_entropy", "val_steps", "val_curve"):
         assert key in s
-    assert s["test_loops"] == list(range(1, 13))                    # max(2K, 12): the budgets 1, 3, 6, 9, 12
-    assert all(len(s[k]) == 12 for k in ("test_val_loss", "test_hidden_norm", "test_logit_entropy"))
-    assert s["final_val_loss"] == s["test_val_loss"][1] == s["val_curve"][-1]    # K = 2, the same eval set
+    assert s["inference_loops"] == list(range(1, 13))                    # max(2K, 12): the budgets 1, 3, 6, 9, 12
+    assert all(len(s[k]) == 12 for k in ("val_loss_by_loops", "hidden_norm_by_loops", "logit_entropy_by_loops"))
+    assert s["final_val_loss"] == s["val_loss_by_loops"][1] == s["val_curve"][-1]    # K = 2, the same eval set
     assert s["val_steps"] == [3, 6] and s["eval_set_size"] == 2 * 4
     assert math.isclose(s["final_val_bpb"], s["final_val_loss"] / math.log(2))
     g = [r["grad_norm"] for r in steps[:5]]
     assert math.isclose(s["grad_volatility"], float(np.std(np.diff(np.log(g)))), rel_tol=1e-9)
     assert s["params"] == LoopedTransformer(train_flt.LoopedConfig(
         vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=16)).num_params()
-    assert s["diverged"] == (s["diverged_reason"] is not None)
+    assert (s["outcome"], s["outcome_reason"]) == stability.outcome(s["val_curve"], s["unigram_entropy"])
     for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png"):
         assert os.path.getsize(os.path.join(out, png)) > 1000
 
@@ -136,7 +136,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_pa
     out, summary = run(tmp_path, text_file, "nan", "--max_steps=10", "--ckpt_interval=2")
     err = capsys.readouterr()
     assert "stopping: the loss is inf" in err.out + err.err and "last good checkpoint" in err.out + err.err
-    assert summary["diverged"] and summary["diverged_reason"] == "nan" and summary["nan_step"] == 5
+    assert summary["outcome"] == "diverged" and summary["nan_step"] == 5
     assert load_checkpoint(os.path.join(out, "ckpt.pt"))["step"] == 4
     assert max(r["step"] for r in read_log(out)) == 4
 
@@ -225,8 +225,8 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     tables = open(os.path.join(figs, "compare.md")).read()
     for header in ("| grad dlog ac1 | grad zigzag |", "minus its reference (paired)", "minus FLT's (paired by seed)",
                    "peak (loop, step) per seed",
-                   "out grad norm per loop", "attn grad norm per loop", "| test_val_loss |", "| test_hidden_norm |",
-                   "| test_logit_entropy |"):
+                   "out grad norm per loop", "attn grad norm per loop", "| val_loss_by_loops |", "| hidden_norm_by_loops |",
+                   "| logit_entropy_by_loops |"):
         assert header in tables
     with pytest.raises(FileNotFoundError, match="config.json"):
         train_flt.main([f"--compare={tmp_path}/nothing", f"--out_dir={figs}"])
@@ -261,17 +261,24 @@ def test_default_recipe_is_the_authors_and_adamw_is_ours(tmp_path, text_file):
     out, _ = run(tmp_path, text_file, "adamw", "--max_steps=2", "--optim=adamw", "--weight_decay=0.05")
     cfg = json.load(open(os.path.join(out, "config.json")))
     given = {"weight_decay": 0.05, "warmup_steps": 2}                  # given flags win (warmup_steps: TINY)
-    assert {k: cfg[k] for k in flt_settings.RECIPES["adamw"]} == {**flt_settings.RECIPES["adamw"], **given}
+    assert {k: cfg[k] for k in train_flt.RECIPES["adamw"]} == {**train_flt.RECIPES["adamw"], **given}
     assert cfg["lr"] == 3e-3 and cfg["schedule"] == "cosine" and not cfg["qk_norm"] and cfg["lm_head_std"] == 0
     with pytest.raises(ValueError, match="embedding_lr"):
         run(tmp_path, text_file, "bad", "--optim=adamw", "--embedding_lr=0.1")
 
 
+def test_the_bare_command_runs_the_recipe_its_defaults_show():
+    cfg = flt_settings.get_config(train_flt.DEFAULTS, train_flt.RECIPES, [], "")
+    assert {k: cfg[k] for k in train_flt.DEFAULTS} == train_flt.DEFAULTS and train_flt.RECIPES["muon"] == {}
+    adamw = flt_settings.get_config(train_flt.DEFAULTS, train_flt.RECIPES, ["--optim=adamw"], "")
+    assert {k for k in train_flt.DEFAULTS if adamw[k] != cfg[k]} == set(train_flt.RECIPES["adamw"]) | {"optim"}
+
+
 def test_warmdown_and_momentum_schedules():
     cfg = dict(schedule="warmdown", warmup_steps=0, warmdown_frac=0.2, max_steps=100, min_lr_frac=0.1)
-    lrm = [flt_run.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
+    lrm = [train_flt.lr_multiplier(it, cfg) for it in (0, 50, 80, 81, 90, 99)]
     assert lrm == [1.0, 1.0, 1.0, 19 / 20, 10 / 20, 1 / 20]           # flat, then linear to 0 over the last 20
-    mom = [flt_run.muon_momentum(it) for it in (0, 150, 300, 2000)]
+    mom = [train_flt.muon_momentum(it) for it in (0, 150, 300, 2000)]
     assert [round(m, 10) for m in mom] == [0.85, 0.9, 0.95, 0.95]
 
 
@@ -335,29 +342,35 @@ def test_block_gradients_every_nth_step_keep_the_losses_and_the_statistics(tmp_p
         logs[every, "stats"] = [summary[k] for k in ("grad_volatility", "grad_dlog_ac1", "grad_zigzag")]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(logs[1], logs[5])) < 5e-4 and len(logs[5]) == 50
     assert logs[1, "stats"] == logs[5, "stats"]
-    assert [r["step"] for r in logs[5] if "out_grad_norms" in r] == list(range(1, 51, 5))
-    assert all("out_grad_norms" in r for r in logs[1])
+    assert [r["step"] for r in logs[5] if "out_output_grad_norms" in r] == list(range(1, 51, 5))
+    assert all("out_output_grad_norms" in r for r in logs[1])
 
 H = 3.28                                                   # unigram entropy of the byte corpus
 REFERENCE = [2.95, 2.45, 2.20, 2.05, 1.95, 1.86]           # the 1-loop run's val curve, at steps 50..250
 
 
-def test_collapse_rule_on_made_up_curves():
-    verdict = stability.collapse_verdict
-    assert verdict([3.40, 3.31, 3.29, 3.28, 3.28, 3.28], REFERENCE, H) == ("collapsed", "never learned")
+def test_outcome_rule_on_made_up_curves():
+    verdict = lambda losses, ref, h: stability.outcome(losses, h, ref)
+    assert verdict([3.40, 3.31, 3.29, 3.28, 3.28, 3.28], REFERENCE, H) == ("did not learn", "never learned")
     # near the unigram level, not at it: 0.11 nats below H at best, where the reference gained 1.42
-    assert verdict([3.28, 3.17, 3.21, 3.26, 3.17, 3.18], REFERENCE, H) == ("collapsed", "never learned")
+    assert verdict([3.28, 3.17, 3.21, 3.26, 3.17, 3.18], REFERENCE, H) == ("did not learn", "never learned")
     assert verdict([2.98, 2.60, 2.70, 3.10, 3.26, 3.27], REFERENCE, H) == ("collapsed", "back at the unigram level")
     assert verdict([2.98, 2.40, 2.35, 2.60, 2.80, 2.80], REFERENCE, H) == ("collapsed", "lost what it learned")
     assert verdict([3.05, 2.90, 2.82, 2.70, 2.58, 2.40], REFERENCE, H) == ("lagging", "still improving")
     assert verdict([2.95, 2.50, 2.30, 2.25, 2.24, 2.24], REFERENCE, H) == ("lagging", "stalled")
-    assert verdict([2.96, 2.44, 3.20, 2.30, 2.00, 1.87], REFERENCE, H) == ("none", "like the reference")
-    assert verdict(REFERENCE, REFERENCE, H) == ("none", "like the reference")
-    assert verdict([2.9, 2.4, 2.1, 2.0, 1.9, 1.80], REFERENCE, H)[0] == "none"          # better than it
-    assert verdict([2.9, 2.4, float("nan")], REFERENCE[:3], H)[0] == "nan"
+    assert verdict([2.96, 2.44, 3.20, 2.30, 2.00, 1.87], REFERENCE, H) == ("learned", "like the reference")
+    assert verdict(REFERENCE, REFERENCE, H) == ("learned", "like the reference")
+    assert verdict([2.9, 2.4, 2.1, 2.0, 1.9, 1.80], REFERENCE, H)[0] == "learned"          # better than it
+    assert verdict([2.9, 2.4, float("nan")], REFERENCE[:3], H)[0] == "diverged"
     assert verdict([3.3, 3.29, 3.28], [3.3, 3.28, 3.26], H)[0] == "undetermined"     # the reference learned nothing
     with pytest.raises(ValueError, match="same steps"):
         verdict([2.9, 2.4], REFERENCE, H)
+    # without a reference, the same rule: "near H" is within the margin (0.05 nats)
+    assert stability.outcome([3.40, 3.30, 3.25], H) == ("did not learn", "never learned")
+    assert stability.outcome([3.40, 3.00, 2.60], H) == ("learned", "below the unigram level")
+    assert stability.outcome([3.00, 2.40, 3.26], H) == ("collapsed", "back at the unigram level")
+    assert stability.outcome([2.98, 2.40, 2.35, 2.80], H) == ("collapsed", "lost what it learned")
+    assert stability.outcome([], H) == ("diverged", "a NaN or inf loss")
 
 
 def test_separation_rule_on_made_up_curves_of_three_seeds():
@@ -365,7 +378,7 @@ def test_separation_rule_on_made_up_curves_of_three_seeds():
     seed-to-seed spread, and B's collapse verdict (the whole curve) is no worse."""
     def variant(*finals, shape=(2.95, 2.45, 2.20, 2.05, 1.95)):          # a curve per seed ending at `final`
         curves = {seed: [*shape, f] for seed, f in zip((1, 2, 3), finals)}
-        return {seed: (c[-1], stability.collapse_verdict(c, REFERENCE, H)[0]) for seed, c in curves.items()}
+        return {seed: (c[-1], stability.outcome(c, H, REFERENCE)[0]) for seed, c in curves.items()}
     flt = variant(1.86, 1.87, 1.85)                                      # sd 0.010
     rule = lambda a, b: stability.separation_verdict(a, b, "FLT", "LT_ia")
     assert rule(flt, variant(1.95, 1.97, 1.94)) == "FLT beats LT_ia"    # 0.09 behind on each seed, sd 0.015
@@ -373,7 +386,7 @@ def test_separation_rule_on_made_up_curves_of_three_seeds():
     assert rule(flt, variant(1.87, 1.86, 1.86)) == "not separated"      # within 0.01: inside the spread
     assert rule(flt, variant(1.95, 1.87, 1.94)) == "not separated"      # seed 2 is level
     assert rule(flt, variant(1.90, 1.98, 2.10)) == "not separated"      # apart on each seed, but sd 0.10 > gap 0.04
-    collapsed = {1: (1.80, "collapsed"), 2: (1.81, "none"), 3: (1.79, "none")}   # lower, but seed 1 collapsed
+    collapsed = {1: (1.80, "collapsed"), 2: (1.81, "learned"), 3: (1.79, "learned")}   # lower, but seed 1 collapsed
     assert rule(flt, collapsed) == "not separated"
     assert rule(flt, {1: flt[1], 2: flt[2]}) == "too few seeds (2 shared; 3 needed)"
 
@@ -382,7 +395,7 @@ def test_collapse_rule_calls_the_reported_slow_learner_lagging_not_collapsed():
     """A run whose val loss fell 2.817 -> 2.576 -> 2.397 at steps 100 / 200 / 250 while
     the 1-loop reference reached 1.86: the final-loss rule called it a partial collapse;
     on the whole curve it is a slow learner, still improving."""
-    assert stability.collapse_verdict([2.817, 2.576, 2.397], [2.20, 1.95, 1.86], H) == ("lagging", "still improving")
+    assert stability.outcome([2.817, 2.576, 2.397], H, [2.20, 1.95, 1.86]) == ("lagging", "still improving")
 
 
 def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
@@ -390,17 +403,17 @@ def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
     _, s = run(tmp_path, text_file, "k2", "--max_steps=15", f"--reference={ref}")
     assert s["reference_val_loss"] == r["final_val_loss"] < s["unigram_entropy"] - 0.05
     assert s["reference_val_curve"] == r["val_curve"] and s["val_steps"] == r["val_steps"] == [3, 6, 9, 12, 15]
-    assert (s["collapse"], s["collapse_reason"]) == stability.collapse_verdict(
-        s["val_curve"], r["val_curve"], s["unigram_entropy"])
+    assert (s["outcome"], s["outcome_reason"]) == stability.outcome(
+        s["val_curve"], s["unigram_entropy"], r["val_curve"])
     with pytest.raises(ValueError, match="max_steps"):
         run(tmp_path, text_file, "k2b", "--max_steps=5", f"--reference={ref}")
     with pytest.raises(ValueError, match="eval_interval"):
         run(tmp_path, text_file, "k2c", "--max_steps=15", "--eval_interval=5", f"--reference={ref}")
     # --compare judges from the files: a verdict in summary.json that is not the rule's is replaced
     path = os.path.join(tmp_path, "k2", "summary.json")
-    json.dump({**s, "collapse": "partial", "collapse_reason": "not the rule's"}, open(path, "w"))
+    json.dump({**s, "outcome": "partial", "outcome_reason": "not the rule's"}, open(path, "w"))
     again = flt_report.rejudge(flt_report.load_run(os.path.join(tmp_path, "k2"))).summary
-    assert (again["collapse"], again["collapse_reason"]) == (s["collapse"], s["collapse_reason"])
+    assert (again["outcome"], again["outcome_reason"]) == (s["outcome"], s["outcome_reason"])
     # ... and so it does from records (tools/flt_map.sh): the log gzipped, the reference's record beside it
     import gzip
     import shutil
@@ -411,7 +424,7 @@ def test_reference_run_must_be_one_loop_trained_alike(tmp_path, text_file):
     log.unlink()
     shutil.rmtree(tmp_path / "ref")                                  # the reference's run folder is gone
     record = flt_report.rejudge(flt_report.load_run(str(tmp_path / "records" / "k2")))
-    assert (record.summary["collapse"], record.summary["collapse_reason"]) == (s["collapse"], s["collapse_reason"])
+    assert (record.summary["outcome"], record.summary["outcome_reason"]) == (s["outcome"], s["outcome_reason"])
     assert len(record.log) == len(flt_report.read_run_log(str(tmp_path / "k2")))
 
 
@@ -477,7 +490,7 @@ def test_listops_loss_and_accuracy_read_only_the_answer():
 def test_listops_run_reports_answer_accuracy_per_loop(tmp_path):
     s = train_flt.main(["--data=listops", f"--out_dir={tmp_path}/l", "--listops_examples=300", "--listops_val=200",
                         "--block_size=64", *TINY[:3], "--batch_size=4", "--n_loops=2", "--max_steps=3"])
-    assert len(s["test_val_accuracy"]) == 12 and s["final_val_accuracy"] == s["test_val_accuracy"][1]
+    assert len(s["val_accuracy_by_loops"]) == 12 and s["final_val_accuracy"] == s["val_accuracy_by_loops"][1]
     assert s["eval_set_size"] == 200                                # every held-out expression, each once
     assert s["unigram_entropy"] < math.log(10) + 1e-9 and "final_val_bpb" not in s
     with pytest.raises(ValueError, match="listops"):
@@ -514,14 +527,14 @@ def test_evaluate_reads_hidden_norm_and_logit_entropy_per_loop():
             p = torch.softmax(model.logits(h), -1)[y >= 0]
             assert math.isclose(ev["logit_entropy"][t], -(p * p.log()).sum(-1).mean().item(), rel_tol=1e-5)
             assert math.isclose(ev["hidden_norm"][t], x_L.norm(dim=-1).mean().item(), rel_tol=1e-5)
-        assert np.allclose(ev["loss"], model.loop_losses(x, y, 4).tolist(), rtol=1e-5)
+            assert math.isclose(ev["loss"][t], model(x, y, n_loops=t + 1)[1].item(), rel_tol=1e-5)  # forward at t loops
 
 
 def test_evaluate_checkpoint_gives_the_test_time_curve_of_the_summary(tmp_path, text_file, capsys):
     out, s = run(tmp_path, text_file, "ck", "--max_steps=4")
     curve = train_flt.main([f"--evaluate={out}", "--test_loops=5"])
-    assert np.allclose(curve["loss"], s["test_val_loss"][:5], rtol=1e-5)
-    assert np.allclose(curve["hidden_norm"], s["test_hidden_norm"][:5], rtol=1e-5)
+    assert np.allclose(curve["loss"], s["val_loss_by_loops"][:5], rtol=1e-5)
+    assert np.allclose(curve["hidden_norm"], s["hidden_norm_by_loops"][:5], rtol=1e-5)
     assert "5 loops" in capsys.readouterr().out
     ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
     del ckpt["config"]["osc_steps"]                                  # a config without one of the flags
@@ -534,9 +547,9 @@ def test_seed_table_gives_mean_and_spread_over_seeds_and_the_paired_gap():
     from types import SimpleNamespace as NS
 
     def fake(seed, variant, K, loss, ref):
-        s = dict(final_val_loss=loss, reference_val_loss=ref, collapse="none", collapse_reason="like the reference",
+        s = dict(final_val_loss=loss, reference_val_loss=ref, outcome="learned", outcome_reason="like the reference",
                  max_residual_norm=40.0, grad_volatility=0.2, grad_dlog_ac1=-0.5, grad_zigzag=0.3,
-                 test_val_loss=[loss] * (2 * K))
+                 val_loss_by_loops=[loss] * (2 * K))
         return NS(dir=f"{variant}{K}s{seed}", cfg=dict(data="stdlib", optim="muon", variant=variant, n_loops=K,
                                                       lr_mult=1.0, seed=seed), summary=s)
     runs = [fake(1, "FLT", 6, 1.90, 1.88), fake(2, "FLT", 6, 1.86, 1.85), fake(3, "FLT", 6, 1.88, 1.84)]
@@ -581,13 +594,15 @@ def test_gradient_statistics_over_the_window_read_the_first_steps_apart_from_the
     assert -0.6 < float(cells[9].split("±")[0]) < -0.4          # noise in the second half: about -0.5
 
 
-def test_verdict_line_says_learned_plateau_or_nan_from_made_up_summaries():
+def test_the_last_line_says_the_one_rules_outcome_from_made_up_summaries():
     base = dict(variant="LT", n_loops=12, final_val_loss=3.326, unigram_entropy=3.281, max_residual_norm=123.4,
                 nan_step=None)
-    line = flt_report.verdict_line(dict(base, diverged_reason="plateau"))
-    assert line.startswith("LT, 12 loops: final val loss 3.326") and "did not learn" in line and "peak 123" in line
-    assert "it learned" in flt_report.verdict_line(dict(base, diverged_reason=None, final_val_loss=2.2))
-    assert "NaN at step 7" in flt_report.verdict_line(dict(base, diverged_reason="nan", nan_step=7))
+    line = flt_report.verdict_line(dict(base, outcome="did not learn", outcome_reason="never learned"))
+    assert line.startswith("LT, 12 loops: final val loss 3.326") and "did not learn (never learned" in line
+    assert "stability.outcome" in line and "peak 123" in line
+    assert ": learned (" in flt_report.verdict_line(dict(base, outcome="learned", outcome_reason="x"))
+    assert "diverged (a NaN at step 7" in flt_report.verdict_line(dict(base, outcome="diverged", outcome_reason="x",
+                                                                            nan_step=7))
 
 
 @pytest.mark.slow
@@ -619,4 +634,4 @@ def test_window_sweep_records_each_run_and_compare_reads_the_records_alone(tmp_p
     assert "| the rule |" in table and "too few seeds (1 shared; 3 needed)" in table
     assert len(rows) > 2 and (tmp_path / "figures" / "flt_loss.png").exists()
     judged = flt_report.rejudge(flt_report.load_run(str(flt))).summary
-    assert judged["collapse"] in ("none", "lagging", "collapsed", "undetermined")
+    assert judged["outcome"] in ("learned", "lagging", "collapsed", "did not learn", "undetermined")
