@@ -51,8 +51,8 @@ class BlockGradRecorder:
     # How: a forward hook on each module registers, on the output of its call in loop t (a
     # module runs once per loop, so its call count gives t), a tensor hook that adds the norm
     # over the whole micro-batch; this rank's gradients (before DDP averaging). Forwards
-    # without grad are skipped; with --compile nothing is recorded (enabled=False: the hooks
-    # would break the graph).
+    # without grad are skipped, and so are compiled ones (the hooks would break the graph):
+    # with --compile, train_flt.py runs the recorder's steps on the eager module.
     KINDS = ("out", "attn", "mlp")
 
     def __init__(self, blocks, enabled=True):
@@ -68,7 +68,7 @@ class BlockGradRecorder:
         self.calls = {}
 
     def _forward(self, key, out):
-        if self.sums is None or not (torch.is_grad_enabled() and out.requires_grad):
+        if torch.compiler.is_compiling() or self.sums is None or not (torch.is_grad_enabled() and out.requires_grad):
             return
         kind, i = key
         t = self.calls.get(key, 0)

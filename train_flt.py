@@ -220,19 +220,24 @@ def train(run, raw, optimizers, base_lrs, data):
     whose loss or gradient was NaN/inf (the run stops there, nothing of it kept), or None."""
     cfg, rt, K, n_micro = run.cfg, run.rt, run.cfg["n_loops"], run.cfg["grad_accum"]
     model = wrap(raw, rt, cfg["compile"])                             # DDP, torch.compile
+    # --compile: the recorder's hooks need the eager module, which shares every weight with the
+    # compiled one; it runs the steps the recorder reads (--block_grads_every), the compiled one the rest
+    eager = model._orig_mod if cfg["compile"] else model
     params = [p for p in raw.parameters() if p.requires_grad]
     steps = StepLedger(run, raw, optimizers)     # resume point to the last step: bar, NaN guard, checkpoints
-    recorder = BlockGradRecorder(raw.blocks, enabled=not cfg["compile"])
+    recorder = BlockGradRecorder(raw.blocks)
     for it in steps:
         lr = set_schedules(optimizers, base_lrs, it, cfg)              # warmdown; Muon's momentum warmup
         loss_sum, res_norms = 0.0, torch.zeros(K, device=rt.device)
-        recorder.start(K, len(raw.blocks), on=cfg["block_grads_every"] > 0 and it % cfg["block_grads_every"] == 0)
+        recorded = cfg["block_grads_every"] > 0 and it % cfg["block_grads_every"] == 0
+        recorder.start(K, len(raw.blocks), on=recorded)
+        net = eager if recorded else model
         for micro in range(n_micro):
             # a pure function of (seed, step, micro-step, rank): a resumed run draws the same batches
             x, y = get_batch(data["train"], cfg, it, micro, rt.rank, device=rt.device)
             recorder.next_micro()
-            with grad_sync(model, rt, last_micro=micro == n_micro - 1), rt.autocast():
-                _, loss, stats = model(x, y, return_stats=True)         # forward: loss on the chosen loops
+            with grad_sync(net, rt, last_micro=micro == n_micro - 1), rt.autocast():
+                _, loss, stats = net(x, y, return_stats=True)           # forward: loss on the chosen loops
             (loss / n_micro).backward()                                 # backward
             loss_sum += loss.item() / n_micro
             res_norms += stats["residual_norms"] / n_micro

@@ -527,6 +527,31 @@ def test_rescue_runs_small_records_each_run_then_reports_from_the_records(tmp_pa
     assert "start:" not in capsys.readouterr().out                        # nothing run again
 
 
+@pytest.mark.slow
+def test_flt_ladder_gpu_script_runs_at_a_tiny_size_on_a_cpu(tmp_path):
+    """tools/flt_ladder_gpu.sh's CPU smoke test (about a minute): the reference and the
+    five variants at one K are recorded, the table is drawn from the records, the main
+    command's minute gives a rate and the full run's time, and the device folder gets
+    the logs and the records."""
+    import subprocess
+    text = tmp_path / "tiny.txt"
+    text.write_text(" ".join(["loop", "the", "norm", "key", "value"] * 600))
+    (tmp_path / "device").mkdir()
+    env = dict(os.environ, RUNS=str(tmp_path / "runs"), RESULTS=str(tmp_path / "results"), KS="2", SEEDS="1", PAR="2",
+               EXTRA=f"--data={text} --n_layer=1 --n_embd=16 --n_head=2 --block_size=16 --batch_size=4 --max_steps=6 "
+                     "--eval_interval=3 --eval_batches=1 --test_loops=2 --osc_steps=4",
+               MAIN_FLAGS="--difficulty=baseline --n_generate=200 --n_train=32 --n_eval=16 --n_embd=16 --n_head=2 "
+                          "--batch_size=8 --compile=False", MAIN_SECONDS="30", OUT=str(tmp_path / "device"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(["bash", "tools/flt_ladder_gpu.sh", "120"], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "ladder: 6 records" in p.stdout, p.stdout + p.stderr
+    assert sorted(d.name for d in (tmp_path / "results").iterdir()) == sorted(
+        ["w_ref_K1_s1"] + [f"w_{v}_K2_s1" for v in ("LT_ia", "FLT", "LT_i", "FLT_res", "LT")])
+    assert "steps a second; the full run's" in p.stdout and "h at that rate" in p.stdout
+    assert {"ladder.log", "main_command.txt", "compare.md", "records.tar.gz"} <= {f.name for f in (tmp_path / "device").iterdir()}
+
+
 def test_flt_speed_times_the_variants_side_by_side_and_checks_their_losses(tmp_path, capsys):
     """tools/flt_speed.py at a tiny size: every variant gets a time, a ratio to today's
     step and a loss check, and the profiler's split of today's step adds up."""

@@ -328,6 +328,31 @@ def test_hooks_record_the_gradient_of_every_block_output_per_loop():
 
 
 
+def test_compile_runs_the_recorders_steps_on_the_eager_module(tmp_path, text_file, monkeypatch):
+    """--compile keeps the per-(loop, block) recorder: the steps it reads (every
+    --block_grads_every-th) run on the eager module, which shares the weights, and the
+    others on the compiled one. torch.compile is stood in for by a wrapper that counts its
+    calls (the real one is timed and checked by tools/flt_speed.py): same losses, the
+    norms at steps 1, 4, 7, 10, the compiled module on the 8 other steps."""
+    calls = []
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self._orig_mod = module
+
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            return self._orig_mod(*args, **kwargs)
+    monkeypatch.setattr(torch, "compile", Compiled)
+    eager, _ = run(tmp_path, text_file, "eager", "--max_steps=12", "--block_grads_every=3")
+    compiled, _ = run(tmp_path, text_file, "compiled", "--max_steps=12", "--block_grads_every=3", "--compile=True")
+    a, b = ([r for r in read_log(d) if "loss" in r] for d in (eager, compiled))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(calls) == 8
+    assert [r["step"] for r in b if "out_output_grad_norms" in r] == [1, 4, 7, 10]
+    assert [r["out_output_grad_norms"] for r in a if "out_output_grad_norms" in r] == \
+        [r["out_output_grad_norms"] for r in b if "out_output_grad_norms" in r]
+
 def test_block_gradients_every_nth_step_keep_the_losses_and_the_statistics(tmp_path, text_file):
     """--block_grads_every=N (the window's speed-up candidate): the hooks only record, so
     50 steps give the same losses to 3 decimals (here: exactly) and the same gradient

@@ -10,7 +10,8 @@
 #   bash tools/flt_map.sh listops_baselines   # LT and LT_i at K = 6, 12 on ListOps
 #   bash tools/flt_map.sh window    # the map's model at the authors' diagnostic length, 2,000 steps:
 #                                   # the 1-loop reference, then FLT, LT_ia, LT_i, FLT_res, LT at K=12
-#   bash tools/flt_map.sh ladder    # 2,000 steps: LT_i, LT_ia and FLT at K = 16, then 24
+#   bash tools/flt_map.sh ladder    # 2,000 steps: LT_ia and FLT at K = 24, then 16; then LT_i at both
+#   KS="6 32" VARIANTS="LT FLT" bash tools/flt_map.sh rungs   # any rungs of the ladder (tools/flt_ladder_gpu.sh)
 #
 # Environment: SEEDS (default "1 2 3"), OUT (default out/map: one folder per run), CODE
 # (default this checkout: the folder whose train_flt.py runs, e.g. a frozen copy), RESULTS
@@ -77,6 +78,9 @@ case "${1:-}" in
   listops) grid "$LISTOPS" "lo_" "6 12" "FLT" ;;
   listops_baselines) grid "$LISTOPS" "lo_" "6 12" "LT LT_i" ;;
   window) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"; grid "$WINDOW" "w_" "12" "FLT LT_ia LT_i FLT_res LT" ;;
-  ladder) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"; grid "$WINDOW" "w_" "16 24" "FLT LT_ia LT_i" ;;
-  *) echo "usage: bash tools/flt_map.sh map | listops | listops_baselines | window | ladder" >&2; exit 2 ;;
+  ladder) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"    # the issue's order: LT_ia and FLT first
+     grid "$WINDOW" "w_" "24 16" "LT_ia FLT"; grid "$WINDOW" "w_" "24 16" "LT_i" ;;
+  rungs) RESULTS=${RESULTS-results/flt_window}; mkdir -p "$RESULTS"      # any rungs: KS and VARIANTS from the
+     grid "$WINDOW" "w_" "${KS-24 16}" "${VARIANTS-LT_ia FLT LT_i}" ;;  # environment (KS="": the reference alone)
+  *) echo "usage: bash tools/flt_map.sh map | listops | listops_baselines | window | ladder | rungs" >&2; exit 2 ;;
 esac

@@ -3,13 +3,15 @@ K=12: tools/flt_map.sh window), and where does it go? Side by side in one proces
 ratios to today's step:
 
     today       the per-(loop, block) gradient hooks on every step (BlockGradRecorder)
-    hooks/10    the hooks on every 10th step (--block_grads_every=10)
+    hooks/10    the hooks on every 10th step (--block_grads_every=10): the window's runs
     no hooks    --block_grads_every=0: the hooks' own cost, by difference
-    compile     --compile=True (the hooks off: they would break the graph)
+    compile     --compile=True with the hooks on every 10th step: those steps run on the
+                eager module (which shares the weights), the others on the compiled one
 
 The variants take turns (ABCD ABCD ...), each a short train_flt.py run in this process; a
-step's time is the median gap between two run.tick() calls (the first 3 steps, which
-hold compilation and warm-up, left out). torch.profiler then splits today's step into
+step's time is the mean gap between two run.tick() calls (the first 3 steps, which hold
+compilation and warm-up, left out; a mean, so that the eager steps of hooks/10 and
+compile count their share). torch.profiler then splits today's step into
 matrix products, other torch ops and the rest (Python: modules, hooks, the optimizers'
 loops). Last, the losses of each variant's first steps against today's, to 3 decimals:
 a variant is adopted only where they agree (tests/test_train_flt.py keeps that).
@@ -42,7 +44,7 @@ DEFAULTS = dict(steps=30, rounds=3, compile=True, loops=12, data="stdlib", out="
 WINDOW = ["--n_layer=6", "--n_embd=64", "--block_size=64", "--batch_size=16", "--eval_interval=100000",
           "--ckpt_interval=100000", "--variant=FLT", "--eval_batches=2"]     # no eval or checkpoint mid-run
 VARIANTS = {"today": [], "hooks/10": ["--block_grads_every=10"], "no hooks": ["--block_grads_every=0"],
-            "compile": ["--compile=True"]}
+            "compile": ["--compile=True", "--block_grads_every=10"]}
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
@@ -93,13 +95,13 @@ def main(argv=None):
         for name, flags in variants.items():
             gaps, losses[name] = timed_run(base + flags, os.path.join(work, f"{name.replace('/', '_')}_{r}"))
             times[name] += gaps[3:]
-    today = statistics.median(times["today"])
+    today = statistics.mean(times["today"])
     print(f"one core, {torch.get_num_threads()} thread(s); K={cfg['loops']}, {cfg['steps']} steps x {cfg['rounds']} "
-          f"rounds a variant, taking turns\n\n| variant | s a step (median) | ratio to today | losses vs today |")
+          f"rounds a variant, taking turns\n\n| variant | s a step (mean) | ratio to today | losses vs today |")
     print("|---|---|---|---|")
     rows = {}
     for name in variants:
-        t = statistics.median(times[name])
+        t = statistics.mean(times[name])
         n = min(50, len(losses[name]), len(losses["today"]))
         diff = max(abs(a - b) for a, b in zip(losses[name][:n], losses["today"][:n]))
         agree = "agree to 3 decimals" if diff < 5e-4 else f"differ (max {diff:.2g})"
