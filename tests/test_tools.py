@@ -357,6 +357,22 @@ def test_rescue_report_builds_the_tables_and_verdicts_from_the_records_alone(tmp
         rescue.main(["--action=report", f"--out={out}", f"--results={tmp_path / 'none'}"])
 
 
+def test_rescue_report_rebuilds_the_rate_table_and_figure_from_recorded_scratch_alone(tmp_path):
+    """With scratch recorded (here 1 of 3 seeds off chance, 2 stuck), `report` tables the
+    rate rule against those records, never take two's transcription, and draws the
+    take-off figure; the old verdicts read the same recorded seeds."""
+    results = tmp_path / "results"
+    fake_sweep(results, arms=(("spt", (0.66, 0.63, 0.70)), ("qk", (0.66, 0.64, 0.70))))
+    for s, acc in enumerate((0.52, 0.66, 0.50)):
+        fake_record(results / f"scratch_s{s}", acc, accs=(0.5, 0.7, 0.75) if acc > 0.6 else (0.517, 0.483))
+    out = tmp_path / "out"
+    text = rescue.main(["--action=report", f"--out={out}", f"--results={results}"])
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ") and " of 3 |" in line}
+    assert "| 3 of 3 | 0.29-1.00 | 2 |" in rows["spt"] and "0.200, **not separated**" in rows["spt"]
+    assert "| 1 of 3 | 0.01-0.91 | > 27 (not reached) |" in rows["scratch"]
+    assert "take two's three seeds, transcribed" not in text and "scratch: 1 of 3 seeds took off" in text
+    assert (out / "rescue_take_offs.png").stat().st_size > 10_000
+
 def test_rescue_report_of_a_replica_without_scratch_reads_take_two_from_the_repository(tmp_path):
     """The GPU replica's results folder holds no scratch arm and no take_two.json: its
     verdicts use the repository's transcription of take two's scratch seeds."""

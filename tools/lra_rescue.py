@@ -722,6 +722,7 @@ def report(cfg):
     where = cfg["figures"] or cfg["out"]
     os.makedirs(where, exist_ok=True)
     plot_curves(runs, constant_loss(share), os.path.join(where, "rescue_curves.png"))
+    plot_take_offs(runs, offs, os.path.join(where, "rescue_take_offs.png"))
     first = [(arm, members[0][1]) for arm, members in runs.items()
              if os.path.exists(os.path.join(members[0][1], "finetune_best.pt"))]
     if first:
@@ -777,6 +778,38 @@ def plot_curves(runs, floor, path):
         a.grid(alpha=0.3)
         a.legend(fontsize=7) if a.get_legend_handles_labels()[0] else None
     fig.tight_layout()
+    analysis.save_figure(plt, fig, path, 90)
+
+
+def plot_take_offs(runs, offs, path):
+    """The take-off rates as a figure. Left: one mark a seed at its take-off epoch (labelled
+    epochs), an arm a row, the stuck seeds apart at the right, with k of n. Right: the
+    Kaplan-Meier curve of each arm, the share of seeds still stuck after each epoch (a stuck
+    seed censored at its arm's last epoch, rates.km_median's reading)."""
+    import analysis
+    plt, (fig, (ax, ax_km)) = analysis.plt_figure(1, 2, figsize=(12, 0.5 * len(runs) + 2.2))
+    arms = list(runs)
+    stuck_x = max(run_epochs(a) for a in arms) + 3
+    for row, arm in enumerate(arms):
+        es, c = offs[arm], COLOURS[arm]
+        jitter = np.linspace(-0.2, 0.2, len(es)) if len(es) > 1 else [0.0]
+        for e, j in zip(es, jitter):
+            ax.plot(stuck_x if e is None else e, row + j, "x" if e is None else "o", color=c, markersize=6)
+        ax.text(stuck_x + 1.5, row, f"{sum(e is not None for e in es)} of {len(es)}", va="center", fontsize=8)
+        last = run_epochs(arm)
+        times, share = [0], [1.0]
+        for t in range(1, last + 1):                                 # S(t) = prod (1 - d_t / n_t)
+            at_risk = sum(1 for e in es if e is None or e >= t)
+            d = sum(1 for e in es if e == t)
+            times.append(t), share.append(share[-1] * (1 - d / at_risk) if at_risk else share[-1])
+        ax_km.step(times, share, where="post", color=c, label=f"{arm} ({len(es)} seeds)")
+    ax.axvline(stuck_x - 1.5, color="gray", lw=0.5)
+    ax.set_yticks(range(len(arms)), arms), ax.set_ylim(-0.6, len(arms) - 0.4), ax.invert_yaxis()
+    ax.set_xticks(list(range(0, stuck_x - 1, 4)) + [stuck_x], [str(t) for t in range(0, stuck_x - 1, 4)] + ["stuck"])
+    ax.set_xlim(0, stuck_x + 3), ax.set_xlabel("take-off epoch (labelled epochs; x: never took off)")
+    ax.set_title("take-off epoch of each seed", fontsize=10)
+    ax_km.set_xlabel("labelled epoch"), ax_km.set_ylabel("share of seeds still at chance"), ax_km.set_ylim(-0.03, 1.03)
+    ax_km.set_title("Kaplan-Meier: still stuck after each epoch", fontsize=10), ax_km.legend(fontsize=7)
     analysis.save_figure(plt, fig, path, 90)
 
 
