@@ -621,3 +621,28 @@ def test_a_stop_signal_to_the_driver_stops_its_runs_with_their_resume_points():
         rescue.stop_runs(going, rescue.signal.SIGTERM)
     assert stopped.value.code == 128 + rescue.signal.SIGTERM
     assert all(c.sent == [rescue.signal.SIGTERM] and c.waited for c in going.values())
+
+
+def test_readme_figures_are_drawn_from_finished_runs_and_refuse_an_unfinished_one(tmp_path):
+    """tools/readme_figures.py on tiny runs of both scripts: both PNGs, and a folder
+    without summary.json refused in one line before anything is drawn."""
+    import train_flt
+    import train_spt
+    from tools import readme_figures
+    spt = tmp_path / "spt"
+    train_spt.main(["--task=synthetic", "--n_train=64", "--n_eval=32", "--batch_size=32", "--n_embd=16", "--n_head=2",
+                    "--pretrain_epochs=1", "--epochs=1", "--patience=0", f"--out_dir={spt}"])
+    text = tmp_path / "tiny.txt"
+    text.write_text(" ".join(["loop", "the", "norm", "key", "value"] * 600))
+    flt = {}
+    for v in ("LT", "FLT"):
+        flt[v] = tmp_path / v
+        train_flt.main([f"--data={text}", f"--variant={v}", "--n_layer=1", "--n_head=2", "--n_embd=16",
+                        "--block_size=16", "--batch_size=4", "--n_loops=3", "--max_steps=6", "--eval_interval=3",
+                        "--eval_batches=1", "--osc_steps=4", f"--out_dir={flt[v]}"])
+    args = [f"--spt={spt}", f"--scratch={spt}", f"--lt={flt['LT']}", f"--flt={flt['FLT']}", f"--out={tmp_path / 'a'}"]
+    readme_figures.main(args)
+    assert all((tmp_path / "a" / n).stat().st_size > 10_000 for n in ("readme_spt.png", "readme_flt.png"))
+    with pytest.raises(FileNotFoundError, match="no finished run .* quick start first"):
+        readme_figures.main(args[:3] + [f"--flt={tmp_path}", f"--out={tmp_path / 'b'}"])
+    assert not (tmp_path / "b").exists()
