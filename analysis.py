@@ -51,7 +51,7 @@ def proximity_mass(maps, pad_mask=None, widths=PROX_WIDTHS):
     B, H, T, _ = maps[0].shape
     real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
     dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
-    return _mass(maps, real, [dist <= w for w in widths], "widths", widths)
+    return _mass(maps, real, dist, "widths", widths)
 
 
 def grid_distance(side):
@@ -71,17 +71,26 @@ def proximity_mass_2d(maps, side=None, radii=PROX_RADII):
         raise ValueError(f"attention over {T} positions is not a square image; give side=")
     dist = grid_distance(side)
     real = torch.ones(maps[0].shape[0], T, dtype=torch.bool)
-    return _mass(maps, real, [dist <= r for r in radii], "radii", radii)
+    return _mass(maps, real, dist, "radii", radii)
 
 
-def _mass(maps, real, bands, name, values):
-    keys = real[:, None, :].float()                                  # (B, 1, T) real keys
+def _mass(maps, real, dist, name, values):
+    """The masses within dist <= v for each v in values. dist: (T, T) query-key distances.
+    Each query's keys are sorted by distance and only the nearest K (those within the
+    largest v) gathered, so the (B, H, T, T) maps are read once; a running sum along
+    them gives every v's mass. The uniform masses count the real keys in each band."""
+    count = real.float()                                             # (B, T) real keys
     out = {name: list(values), "layers": [], "uniform": []}
-    for band in bands:
-        band = band.float()
-        out["uniform"].append(((band * keys).sum(-1) / keys.sum(-1))[real].mean().item())
+    for v in values:
+        in_band = count @ (dist <= v).float().T                       # (B, T): real keys within v of each query
+        out["uniform"].append((in_band / count.sum(-1, keepdim=True))[real].mean().item())
+    near = dist <= max(values)
+    idx = torch.argsort(dist, dim=-1, stable=True)[:, :int(near.sum(-1).max())]     # (T, K) nearest first
+    n_within = [(dist.gather(-1, idx) <= v).sum(-1) - 1 for v in values]          # (T,) last index within v
     for m in maps:
-        out["layers"].append([((m * band).sum(-1).mean(1))[real].mean().item() for band in bands])
+        run = m.gather(-1, idx.expand(*m.shape[:2], *idx.shape)).cumsum(-1)      # (B, H, T, K)
+        out["layers"].append([run.gather(-1, n.expand(*m.shape[:2], -1)[..., None])[..., 0].mean(1)[real].mean().item()
+                              for n in n_within])
     return out
 
 
@@ -95,10 +104,13 @@ def score_spread(maps, pad_mask=None):
     out = {"score_std": [], "entropy": [], "entropy_uniform": torch.log(real.sum(-1).float()).mean().item()}
     for m in maps:
         logm = m.clamp_min(1e-30).log()
-        n = keys.sum(-1)
-        mean = (logm * keys).sum(-1) / n
-        std = (((logm - mean[..., None]) ** 2 * keys).sum(-1) / n).sqrt()
-        entropy = -(m * logm * keys).sum(-1)
+        if pad_mask is None:                                     # every key real: fewer passes over the maps
+            std, entropy = logm.std(-1, correction=0), -(m * logm).sum(-1)
+        else:
+            n = keys.sum(-1)
+            mean = (logm * keys).sum(-1) / n
+            std = (((logm - mean[..., None]) ** 2 * keys).sum(-1) / n).sqrt()
+            entropy = -(m * logm * keys).sum(-1)
         rows = real[:, None, :].expand(B, H, T)
         out["score_std"].append(std[rows].mean().item())
         out["entropy"].append(entropy[rows].mean().item())
