@@ -950,9 +950,12 @@ def run_script(argv, tmp_path, limit_files=None, **kwargs):
                           preexec_fn=limit if limit_files else None, text=True, **kwargs)
 
 
+@pytest.mark.slow
 def test_the_main_commands_first_screen_has_no_traceback(tmp_path):
     """README's main command on a small PathFinder: the pool generates it, and the
-    screen shows no worker's traceback (they used to inherit the run's signal handler)."""
+    screen shows no worker's traceback (they used to inherit the run's signal handler).
+    Slow (20-40 s); the same command through the same pool, checked for a traceback, runs
+    by default in test_a_low_open_file_limit_ends_within_a_minute_in_one_line_or_a_run[48]."""
     p = run_script(["train_spt.py", "--task=pathfinder", "--depth=1", "--n_generate=2000", "--halt_after_steps=2",
                     f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"], tmp_path,
                    capture_output=True, timeout=240)
@@ -964,6 +967,7 @@ def test_a_low_open_file_limit_ends_within_a_minute_in_one_line_or_a_run(tmp_pat
     """Under `ulimit -n 12` a run is refused first, in one line; at 48 PathFinder is
     generated with the workers the limit leaves room for, and the run goes on."""
     p = run_script(["train_spt.py", "--task=pathfinder", "--depth=1", "--n_generate=1000", "--halt_after_steps=1",
+                    "--n_embd=32", "--n_head=2", "--batch_size=8",                 # a smaller model: faster steps
                     f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"], tmp_path, files,
                    capture_output=True, timeout=60)
     assert "Traceback" not in p.stderr, p.stderr[-2000:]

@@ -575,7 +575,8 @@ def test_flt_speed_times_the_variants_side_by_side_and_checks_their_losses(tmp_p
     from tools import flt_speed
     text = tmp_path / "tiny.txt"
     text.write_text(" ".join(["loop", "the", "norm", "key", "value"] * 600))
-    flt_speed.main([f"--data={text}", "--steps=7", "--rounds=1", "--compile=False", "--loops=2", f"--out={tmp_path}"])
+    flt_speed.main([f"--data={text}", "--steps=7", "--rounds=1", "--compile=False", "--loops=2", f"--out={tmp_path}",
+                    "--extra=--n_layer=1 --n_embd=16 --n_head=2 --block_size=16 --batch_size=4"])
     shown = capsys.readouterr().out
     result = json.loads((tmp_path / "flt_speed.json").read_text())
     assert set(result["rows"]) == {"today", "hooks/10", "no hooks"} and result["rows"]["today"]["ratio"] == 1.0

@@ -40,7 +40,8 @@ from plumbing import training  # noqa: E402
 import train_flt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
 
-DEFAULTS = dict(steps=30, rounds=3, compile=True, loops=12, data="stdlib", out="")
+DEFAULTS = dict(steps=30, rounds=3, compile=True, loops=12, data="stdlib", out="",
+                extra="")      # more train_flt.py flags after the window's (a test's tiny model)
 WINDOW = ["--n_layer=6", "--n_embd=64", "--block_size=64", "--batch_size=16", "--eval_interval=100000",
           "--ckpt_interval=100000", "--variant=FLT", "--eval_batches=2"]     # no eval or checkpoint mid-run
 VARIANTS = {"today": [], "hooks/10": ["--block_grads_every=10"], "no hooks": ["--block_grads_every=0"],
@@ -87,7 +88,8 @@ def profile_split(flags, out_dir, skip=3):
 
 def main(argv=None):
     cfg = configure(DEFAULTS, argv, __doc__)
-    base = [f"--data={cfg['data']}", f"--n_loops={cfg['loops']}", f"--max_steps={cfg['steps']}", *WINDOW]
+    base = [f"--data={cfg['data']}", f"--n_loops={cfg['loops']}", f"--max_steps={cfg['steps']}", *WINDOW,
+            *cfg["extra"].split()]
     variants = {k: v for k, v in VARIANTS.items() if cfg["compile"] or k != "compile"}
     work = cfg["out"] or tempfile.mkdtemp(prefix="flt_speed_")
     times, losses = {k: [] for k in variants}, {}
