@@ -1003,3 +1003,26 @@ def test_sigterm_to_the_process_group_with_data_workers_saves_the_resume_point(t
     os.killpg(p.pid, signal.SIGTERM)
     err = (seen + p.communicate(timeout=60)[1]).decode()
     assert p.returncode == 143 and "Traceback" not in err and load_checkpoint(out / "ckpt.pt")["step"] >= 1
+
+
+@pytest.mark.parametrize("value", ["0", "abc", ""])
+def test_an_omp_num_threads_torch_would_ignore_is_one_line_before_any_work(tmp_path, monkeypatch, value):
+    """torch takes every core when OMP_NUM_THREADS is 0, empty or a word: not what was asked."""
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    for script, flags in ((train_spt, SPT), (train_flt, FLT)):
+        status, message = cli(script, *flags, f"--out_dir={tmp_path / 'run'}")
+        assert status == 1 and f"OMP_NUM_THREADS={value!r} is not a positive whole number" in message
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_run_resumed_under_changed_defaults_keeps_its_own_and_says_which(tmp_path, monkeypatch, capsys):
+    """Resume across versions: this code's default changed since the run began; the resumed
+    run keeps its own value, and one line says which default differs."""
+    run = tmp_path / "run"
+    cli(train_spt, *SPT, "--ckpt_every=1", "--halt_after_steps=2", f"--out_dir={run}")
+    monkeypatch.setitem(train_spt.DEFAULTS, "pool", "max")                 # this code's default now
+    capsys.readouterr()
+    argv = [f"--out_dir={run}", "--init_from=resume"]
+    cfg = spt_settings.resume_config(load_checkpoint(run / "ckpt.pt"), spt_config(argv), argv)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "pool='mean' (this code: 'max')" in notes[0] and cfg["pool"] == "mean"
