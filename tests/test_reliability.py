@@ -1026,3 +1026,34 @@ def test_a_run_resumed_under_changed_defaults_keeps_its_own_and_says_which(tmp_p
     cfg = spt_settings.resume_config(load_checkpoint(run / "ckpt.pt"), spt_config(argv), argv)
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
     assert len(notes) == 1 and "pool='mean' (this code: 'max')" in notes[0] and cfg["pool"] == "mean"
+
+
+def test_report_names_the_runs_not_finished_and_a_summary_that_is_not_json(finished_spt, tmp_path, capsys):
+    """--report over a tree: a run stopped mid-line (no summary.json, its log's last line cut)
+    is drawn and said to have no row; a damaged summary.json is one line naming its run,
+    before any output."""
+    tree = tmp_path / "tree"
+    shutil.copytree(finished_spt, tree / "done")
+    shutil.copytree(finished_spt, tree / "cut")
+    os.remove(tree / "cut" / "summary.json")
+    with open(tree / "cut" / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')
+    assert cli(train_spt, f"--report={tree}", f"--out_dir={tmp_path / 'rep'}")[0] == 0
+    assert f"given no row: {tree / 'cut'}" in capsys.readouterr().out
+    (tree / "done" / "summary.json").write_text('{"test_acc": 0.6')
+    status, message = cli(train_spt, f"--report={tree}", f"--out_dir={tmp_path / 'rep2'}")
+    assert status == 1 and f"{tree / 'done'} holds a summary.json or config.json that is not JSON" in message
+    assert not (tmp_path / "rep2").exists()
+
+
+def test_compare_names_the_runs_not_finished_and_a_summary_that_is_not_json(tmp_path, text_file, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={a}")
+    cli(train_flt, *FLT, f"--data={text_file}", "--stop_step=2", f"--out_dir={b}")          # stopped, resumable
+    capsys.readouterr()
+    assert cli(train_flt, f"--compare={a},{b}", f"--out_dir={tmp_path / 'cmp'}")[0] == 0
+    assert f"given no row in the tables: {b}" in capsys.readouterr().out
+    (a / "summary.json").write_text("{")
+    status, message = cli(train_flt, f"--compare={a},{b}", f"--out_dir={tmp_path / 'cmp2'}")
+    assert status == 1 and f"{a} holds a config.json or summary.json that is not JSON" in message
+    assert not (tmp_path / "cmp2").exists()
