@@ -637,6 +637,32 @@ def sweep_args(where, *more):
     return [f"--out={where / 'out'}", f"--results={where / 'results'}", "--seeds=0,1", *more]
 
 
+def test_commands_prints_exactly_the_runs_run_starts_wave_by_wave(tmp_path, fake_runs, capsys):
+    """The same runs, with the same train_spt.py flags, whether the local driver starts them
+    or a cluster runs the `one` lines of `commands`, wave by wave; a line whose needs are not
+    recorded yet is refused, and a recorded one is passed over."""
+    import shlex
+    rescue.main(["--action=run", *sweep_args(tmp_path / "local")])
+    by_driver = sorted(" ".join(a) for a in fake_runs)
+    fake_runs.clear()
+    capsys.readouterr()
+    lines = rescue.main(["--action=commands", *sweep_args(tmp_path / "cluster")])
+    waves = rescue.waves(dict(rescue.DEFAULTS, seeds="0,1"))
+    run_of = lambda line: shlex.split(line)[3][len("--run="):].rsplit("_s", 1)
+    wave_of = {line: waves[run_of(line)[0], int(run_of(line)[1])] for line in lines}
+    assert [wave_of[line] for line in lines] == sorted(wave_of.values()) and set(wave_of.values()) == {1, 2, 3}
+    one = lambda line: rescue.main(["--action=one"] + shlex.split(line)[3:])
+    with pytest.raises(FileNotFoundError, match="which is not recorded yet: run the lines of wave 1 first"):
+        one(next(line for line in lines if wave_of[line] == 2))
+    for line in lines:
+        one(line)
+    by_lines = sorted(" ".join(a).replace("cluster", "local") for a in fake_runs)
+    assert by_lines == by_driver and len(by_driver) == len(lines) == 2 * 10
+    one(lines[0])
+    assert "recorded already" in capsys.readouterr().out and len(fake_runs) == 20
+    assert rescue.main(["--action=commands", *sweep_args(tmp_path / "cluster")]) == []
+
+
 @pytest.mark.parametrize("damage, record, words", [
     (lambda r: os.remove(r / "qk_s1" / "summary.json"), "qk_s1", "has no summary.json (a copy cut short, or edited)"),
     (lambda r: (r / "qk_s1" / "summary.json").write_text('{"test_acc": 0.6'), "qk_s1", "summary.json is not JSON"),
@@ -654,13 +680,13 @@ def sweep_args(where, *more):
 def test_a_record_that_is_not_whole_or_not_the_sweeps_is_named_before_any_work(tmp_path, fake_runs, damage, record,
                                                                                words):
     """A half-copied, damaged, NaN or foreign record (another preset, another arm's flags), or
-    a record whose start is gone: report, run and record refuse in one line naming it, before
-    anything is tabled or started."""
+    a record whose start is gone: report, run, one and commands refuse in one line naming it,
+    before anything is tabled or started."""
     rescue.main(["--action=run", *sweep_args(tmp_path, "--arms=spt,qk")])
     fake_runs.clear()
     damage(tmp_path / "results")
     (tmp_path / "results" / "spt_s1").rename(tmp_path / "results" / "spt_s1.partial")   # never read, nor refused
-    for action in ("report", "run", "record"):
+    for action in ("report", "run", "one --run=spt_s1", "commands"):
         with pytest.raises(ValueError, match=record) as e:
             rescue.main([f"--action={action.split()[0]}", *action.split()[1:], *sweep_args(tmp_path, "--arms=spt,qk")])
         assert words in str(e.value) and "Nothing was done" in str(e.value)
@@ -672,6 +698,10 @@ def test_a_second_driver_and_a_results_folder_that_cannot_be_written_are_refused
     with pytest.raises(FileExistsError, match=rf"another lra_rescue.py run \(pid {os.getpid()}\) drives"):
         rescue.main(["--action=run", *sweep_args(tmp_path)])
     held.close()
+    claim = rescue.claim(dict(rescue.DEFAULTS, results=str(tmp_path / "results")), "spt_pretrain", 0)
+    with pytest.raises(FileExistsError, match="spt_pretrain_s0 is being run by another process"):
+        rescue.main(["--action=one", "--run=spt_pretrain_s0", *sweep_args(tmp_path)])
+    claim.close()
     with pytest.raises(PermissionError, match="cannot be written"):
         rescue.main(["--action=run", f"--out={tmp_path / 'out'}", "--results=/proc/no_records_here"])
     assert fake_runs == []

@@ -5,6 +5,8 @@ finetuning 4,000).
 
     python tools/lra_rescue.py run            # the arms in --arms, 3 seeds, two runs at a time
     python tools/lra_rescue.py run --dry=True # the commands only
+    python tools/lra_rescue.py commands       # one line a run for a cluster (below), wave by wave
+    python tools/lra_rescue.py one --run=qk_s2   # one run, trained and recorded (what a line says)
     python tools/lra_rescue.py record         # copy finished runs' records into --results
     python tools/lra_rescue.py report         # tables + verdicts (rescue.md) and figures, from the records
     python tools/lra_rescue.py status         # each run: recorded, running, stopped or waiting
@@ -49,19 +51,42 @@ What the driver guarantees (tests/test_tools.py; the hostile cases: tests/reliab
   short is removed first) and renamed into place; no reader looks at a .partial folder. A
   record folder without its summary.json, or with a file that does not parse, a checkpoint
   that does not load, a number that is NaN or missing, or the flags of another run (another
-  preset, arm or seed), is named in one line by run, record and report before any work,
-  and never tabled (status shows it on its line).
+  preset, arm or seed), is named in one line by run, one, commands and report before any
+  work, and never tabled (status shows it on its line).
 - No run is left going without its driver: a stop signal (SIGINT, SIGTERM, SIGHUP) passes
   SIGTERM to the runs, which save their resume points; on Linux each run also gets SIGTERM
   from the kernel when its driver dies, even by SIGKILL (PR_SET_PDEATHSIG), and elsewhere
   the runs are in the driver's process group. Started again, the driver records what
   finished, resumes what stopped, and never runs a recorded run again.
 - No run is started twice: a driver holds --results/.driver.lock (a second `run` on the
-  same records is refused in one line), and whoever trains or records a run holds its
-  claim, --results/.<run>.lock, until it is recorded (the run inherits it, so it lasts as
-  long as the run does). A run held elsewhere, or a train_spt.py writing into its folder
+  same records is refused in one line), and whoever trains a run, a driver or `one`, holds
+  its claim, --results/.<run>.lock, until it is recorded (the run inherits it, so it lasts
+  as long as the run does). A run held elsewhere, or a train_spt.py writing into its folder
   (one an older driver left going), takes a slot and is not started.
 - A results or runs folder that cannot be written is one line before any work.
+
+On a cluster (no `run --slots`): `commands` prints the `one` line of every unrecorded run,
+wave by wave: wave 1 needs nothing (the SPT-alone runs, scratch), wave 2 needs only wave 1
+(spt, from its SPT run), wave 3 the rest (the arms the first spt seed gates); --wave=N
+prints one wave. Each line trains its run (resuming it if stopped) and keeps its record in
+--results as `run` does; then `report` reads the records. Run the lines from this folder:
+
+    python tools/lra_rescue.py commands --wave=1 > wave1.txt     # likewise wave2.txt, wave3.txt
+    # SLURM: a job array a wave, each after the one before; job.sh runs line N of its file:
+    #   #!/bin/bash
+    #   #SBATCH --cpus-per-task=1 --time=8:00:00
+    #   export OMP_NUM_THREADS=1; eval "$(sed -n ${SLURM_ARRAY_TASK_ID}p "$1")"
+    one=$(sbatch --parsable --array=1-$(wc -l < wave1.txt) job.sh wave1.txt)
+    two=$(sbatch --parsable --dependency=afterok:$one --array=1-$(wc -l < wave2.txt) job.sh wave2.txt)
+    sbatch --dependency=afterok:$two --array=1-$(wc -l < wave3.txt) job.sh wave3.txt
+    # or GNU parallel on one machine: a wave at a time
+    for w in 1 2 3; do python tools/lra_rescue.py commands --wave=$w | OMP_NUM_THREADS=1 parallel -j 8; done
+    python tools/lra_rescue.py report
+
+Print each wave's lines when the one before it has finished, or all at once: a line whose
+needs are not recorded yet is refused in one line, and one that is recorded already is
+passed over, so a job array can be sent again. A wave-3 line is refused while the gate
+holds (the first spt seed stuck). --max_core_hours binds `run` only.
 """
 
 import ctypes
@@ -70,6 +95,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -86,7 +112,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from configurator import configure, given_keys, run_cli  # noqa: E402
 
 DEFAULTS = dict(action="report", out="out/rescue", results="results/rescue", slots=2, dry=False, extra="", extra_spt="",
-                seeds="0,1,2", arms="spt,qk,mlp,short1,short5,cross,frozen,attn", figures="", max_core_hours=30.0)
+                seeds="0,1,2", arms="spt,qk,mlp,short1,short5,cross,frozen,attn", figures="", max_core_hours=30.0,
+                run="", wave=0)
 BASE = ["--task=pathfinder", "--preset=cpu_rescue"]
 CHANCE = 0.5
 
@@ -577,8 +604,8 @@ def claim(cfg, name, seed, tries=1):
 
 
 def held_elsewhere(cfg, name, seed):
-    """Whether another process runs this run now: it holds the run's claim (a driver on these
-    records), or a train_spt.py writes into its folder (one an older driver left)."""
+    """Whether another process runs this run now: it holds the run's claim (a driver or `one`
+    on these records), or a train_spt.py writes into its folder (one an older driver left)."""
     held = claim(cfg, name, seed)
     if held is None:
         return True
@@ -664,7 +691,7 @@ def stop_runs(going, signum):
 
 
 # -----------------------------------------------------------------------------
-# The local driver
+# The three ways to run the sweep: the local driver, one run, the lines for a cluster
 
 def run(cfg):
     """Start every unrecorded run when its needs are recorded, cfg["slots"] at a time, until
@@ -734,6 +761,85 @@ def run(cfg):
     print(stop or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
                         cfg["max_core_hours"] else ""))
     print(f"{len(left)} runs not recorded" if left else "every run recorded")
+
+
+def one(cfg):
+    """One run of the sweep, --run=NAME_sSEED, trained and recorded as `run` does it (resumed
+    from its ckpt.pt when it was stopped): what each line of `commands` says. Refused in one
+    line, before any work, when it is not a run of the sweep (--arms, --seeds), a run it
+    needs is not recorded, the gate holds it, or another process runs it; a run recorded
+    already is passed over, so a job array can be sent again."""
+    name, seed, needs = find_job(cfg)
+    check_records(cfg)
+    record, d = folder(results_dir(cfg), name, seed), folder(cfg["out"], name, seed)
+    if recorded(cfg, name, seed):
+        return print(f"recorded already: {record}")
+    missing = [k for k in needs if not recorded(cfg, *k)]
+    if missing:
+        raise FileNotFoundError(f"{cfg['run']} needs {folder(results_dir(cfg), *missing[0])}, which is not recorded "
+                                f"yet: run the lines of wave {waves(cfg)[missing[0]]} first (python "
+                                f"tools/lra_rescue.py commands --wave={waves(cfg)[missing[0]]})")
+    if gated(name) and gate(cfg):
+        raise ValueError(gate(cfg))
+    check_writable(cfg["out"])
+    held = claim(cfg, name, seed, tries=20)
+    if held is None or live(d):
+        raise FileExistsError(f"{cfg['run']} is being run by another process (pid "
+                              f"{holder(os.path.join(results_dir(cfg), f'.{name}_s{seed}.lock'))}): wait for it; "
+                              f"its record goes to {record}")
+    going, stopped = {(name, seed): start_run(cfg, name, seed, held)}, []
+    handlers = {sig: signal.signal(sig, forward_stop(going, stopped)) for sig in STOP_SIGNALS}
+    try:
+        p = going[name, seed]
+        p.wait()
+        kept = record_run(cfg, name, seed)
+        if stopped:
+            stop_runs(going, stopped[0])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if kept is None:
+        raise SystemExit(f"error: {d} ended without its summary.json (exit {p.returncode}): see {d}.log; this "
+                         f"line resumes it")
+
+
+def find_job(cfg):
+    """(name, seed, needs) of --run=NAME_sSEED among the sweep's runs."""
+    found = [job for job in jobs(cfg) if f"{job[0]}_s{job[1]}" == cfg["run"]]
+    if not found:
+        raise ValueError(f"--run={cfg['run']} is not a run of this sweep (--arms={cfg['arms']} --seeds="
+                         f"{cfg['seeds']}); python tools/lra_rescue.py commands prints its runs")
+    return found[0]
+
+
+def waves(cfg):
+    """{(name, seed): wave}: 1 for a run that needs none, else one more than the latest of its
+    needs, recorded or not, so that no run needs a run of its own wave."""
+    needs = {(n, s): k for n, s, k in jobs(cfg)}
+
+    def wave(key):
+        return 1 + max((wave(k) for k in needs.get(key, ())), default=0)
+    return {key: wave(key) for key in needs}
+
+
+def commands(cfg):
+    """Print the `one` line of every unrecorded run, wave by wave (--wave=N: that wave's
+    only), and on stderr how many each wave holds: the runs `run` would start, with its
+    train_spt.py flags (a gate that holds leaves out the arms it gates). Returns the lines."""
+    check_records(cfg)
+    wave, holds = waves(cfg), gate(cfg)
+    todo = sorted([(wave[n, s], n, s) for n, s, _ in jobs(cfg)
+                   if not recorded(cfg, n, s) and not (holds and gated(n))], key=lambda t: t[0])
+    flags = [f"--{k}={cfg[k]}" for k in ("arms", "seeds", "out", "results", "extra", "extra_spt")
+             if cfg[k] != DEFAULTS[k]]
+    lines = [shlex.join(["python", "tools/lra_rescue.py", "one", f"--run={n}_s{s}", *flags])
+             for w, n, s in todo if cfg["wave"] in (0, w)]
+    if lines:
+        print("\n".join(lines))
+    per_wave = {w: sum(1 for t in todo if t[0] == w) for w in sorted({t[0] for t in todo})}
+    print(f"{len(lines)} lines; unrecorded runs by wave: {per_wave or 'none'}" + (f"; {holds}" if holds else ""),
+          file=sys.stderr)
+    return lines
 
 
 # -----------------------------------------------------------------------------
@@ -1092,9 +1198,13 @@ def plot_maps(first, path):
 
 def main(argv=None):
     cfg = configure(DEFAULTS, sys.argv[1:] if argv is None else argv, __doc__)
-    actions = {"run": run, "record": record, "report": report, "status": status}
+    actions = {"run": run, "one": one, "commands": commands, "record": record, "report": report, "status": status}
     if cfg["action"] not in actions:
         raise ValueError(f"--action={cfg['action']}: choose {', '.join(actions)}")
+    if cfg["action"] == "one" and not cfg["run"]:
+        raise ValueError("one: give the run, e.g. --run=qk_s2 (python tools/lra_rescue.py commands prints each line)")
+    if cfg["wave"] < 0:
+        raise ValueError(f"--wave={cfg['wave']}: give a wave (1, 2, 3) or 0 for all")
     if cfg["slots"] < 1:
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
