@@ -758,10 +758,10 @@ RESCUE = os.path.join("tools", "lra_rescue.py")
 
 
 def sweep(work, name, *more):
-    """A tiny two-run sweep of the driver (spt_pretrain_s0, spt_s0; qk_s0 waits for the gate)."""
+    """A tiny two-run sweep of the driver (spt_pretrain_s0, 60 steps; spt_s0; qk_s0 waits for the gate)."""
     tiny = (f"--n_generate=200 --data_dir={work}/r6_data --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
             "--batch_size=8 --log_every=1 --dtype=float32")
-    return [f"--extra={tiny}", "--extra_spt=--pretrain_epochs=2", "--arms=spt,qk", "--seeds=0",
+    return [f"--extra={tiny}", "--extra_spt=--pretrain_epochs=2 --n_train=240", "--arms=spt,qk", "--seeds=0",
             f"--out={work}/{name}_out", f"--results={work}/{name}_res", *more]
 
 
@@ -802,7 +802,7 @@ def six_driver(results, work):
         time.sleep(4)
         os.kill(p.pid, sig)
         out = seen + p.communicate(timeout=120)[0]
-        orphans = not gone(f"{work}/{name}_out/")
+        orphans = not gone(f"{work}/{name}_out/", within=10)      # a run saves its resume point in a second
         rc, o = run(RESCUE, ["run", *sweep(work, name)], work)
         records = sorted(os.listdir(f"{work}/{name}_res")) if os.path.isdir(f"{work}/{name}_res") else []
         whole = [r for r in records if not r.startswith(".")] == ["spt_pretrain_s0", "spt_s0"]
