@@ -9,8 +9,10 @@ before any work; a user error is one line on stderr, never a traceback.
   check_ranges   every numeric flag inside its range (integers, counts and path lengths are bounded
                  when parsed, and by check_ranges' counts)
   resume_config  what a resumed run continues with (safe flags may change)
+  note_code_changes  a resumed run that began under other defaults says which, and keeps its own
   check_memory   a model or batch too large for this machine, refused before anything is allocated
   check_open_files  an open-file limit (ulimit -n) too low for a run, refused first
+  check_threads  an OMP_NUM_THREADS that torch would ignore (0, empty, not a number), refused first
   check_apart    a data folder that is the run folder, or inside it, refused
   check_device   the --device flag names a device this machine has
 """
@@ -20,6 +22,7 @@ import errno
 import json
 import math
 import os
+import shlex
 import sys
 
 import torch
@@ -248,6 +251,35 @@ def resume_config(saved, given, explicit, safe, per_call=("debug",)):
     return config, changed
 
 
+def note_code_changes(out_dir, config_of, per_call=()):
+    """Resume across versions: a resumed run keeps its own config (its checkpoint's), whatever
+    this code's defaults are now. When this code would give the run's first command (the first
+    line of command.txt) other values, or flags the run lacks, say which in one line.
+    config_of(argv): the config of a command line under this code, before any check; per_call:
+    the flags each call sets anew (where to stop), never a change."""
+    try:
+        with open(os.path.join(out_dir, "command.txt")) as f:
+            first = shlex.split(f.readline())[2:]                 # python SCRIPT --key=value ...
+        with open(os.path.join(out_dir, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return                                    # not a run folder: the folder check says so
+    try:
+        now = config_of(first)
+    except ValueError as e:
+        return print(f"note: this run's first command does not parse under this code ({e}); it resumes with "
+                     f"its checkpoint's config")
+    resumed = {k for r in saved.get("resumes", []) for k in r}    # changed on purpose at a resume
+    skip = {"out_dir", "init_from", "overwrite", "resumes", "data_fingerprint", *per_call} | resumed
+    differ = [f"{k}={saved[k]!r} (this code: {now[k]!r})" for k in sorted(set(saved) & set(now) - skip)
+              if saved[k] != now[k]]
+    new = [f"{k}={now[k]!r}" for k in sorted(set(now) - set(saved) - skip)]
+    if differ or new:
+        print("note: this run began under other defaults than this code's and keeps its own: "
+              + (", ".join(differ) or "none differ") + (f"; flags new since, at this code's value: {', '.join(new)}"
+                                                        if new else ""))
+
+
 def check_own_checkpoint(saved, out_dir, free):
     """A ckpt.pt resumes only the run of its folder: the checkpoint's config must agree
     with the folder's config.json on every flag a resume may not change (`free` and the
@@ -319,6 +351,16 @@ def check_open_files(least=32):
     if soft != resource.RLIM_INFINITY and soft < least:
         raise ValueError(f"the open-file limit is {soft} (ulimit -n), under the {least} a run needs; raise it "
                          f"(ulimit -n 1024) and run it again")
+
+
+def check_threads():
+    """OMP_NUM_THREADS, when set, is a positive whole number (or a comma list of them): torch
+    ignores 0, an empty value or a word, and takes every core, which is not what was asked."""
+    text = os.environ.get("OMP_NUM_THREADS")
+    if text is not None and not all(t.strip().isdigit() and int(t) > 0 for t in text.split(",")):
+        raise ValueError(f"OMP_NUM_THREADS={text!r} is not a positive whole number, so torch ignores it and "
+                         f"uses {torch.get_num_threads()} threads; set it to the threads a run may use "
+                         f"(OMP_NUM_THREADS=1), or unset it")
 
 
 def check_device(device):

@@ -68,18 +68,18 @@ def prepare_stdlib(data_dir, root=None):
     a cache that disagrees with it (truncated, edited, older) is rebuilt."""
     paths = [os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")]
     sidecar, key = os.path.join(data_dir, "stdlib.json"), dict(corpus="stdlib", version=STDLIB_VERSION)
-    if not data_lra.sidecar_matches(sidecar, key, paths):
-        docs = stdlib_docstrings(root)
-        order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
-        raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
-        n = int(0.9 * len(raw))
-        os.makedirs(data_dir, exist_ok=True)
-        for path, part in zip(paths, (raw[:n], raw[n:])):
-            data_lra.write_atomically(path, part.tofile)       # as LRA's caches: never half a file
-        data_lra.write_sidecar(sidecar, key, paths)
-        print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
-              f"into {data_dir}/train.bin, val.bin")
-    return tuple(np.fromfile(p, dtype=np.uint8) for p in paths)
+    with data_lra.cache_lock(sidecar):                          # a second run at once waits, then reads it
+        if not data_lra.sidecar_matches(sidecar, key, paths):
+            docs = stdlib_docstrings(root)
+            order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
+            raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
+            n = int(0.9 * len(raw))
+            for path, part in zip(paths, (raw[:n], raw[n:])):
+                data_lra.write_atomically(path, part.tofile)       # as LRA's caches: never half a file
+            data_lra.write_sidecar(sidecar, key, paths)
+            print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
+                  f"into {data_dir}/train.bin, val.bin")
+        return tuple(np.fromfile(p, dtype=np.uint8) for p in paths)
 
 
 def listops_expression(rng, depth):

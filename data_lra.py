@@ -46,7 +46,9 @@ Command line:
     python data_lra.py --task=pathfinder --generate --format=lra   (PNG + metadata)
 """
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -543,8 +545,46 @@ def write_atomically(path, write):
 # -----------------------------------------------------------------------------
 # the cache of generated data: files plus a JSON sidecar written last, holding the
 # key (version, seed, n, ...) and each file's sha256, so that a stale, truncated or
-# half-written cache is detected and generated again. Every write is atomic.
-# corpora.py caches the stdlib corpus the same way, with these two functions.
+# half-written cache is detected and generated again. Every write is atomic, and a
+# cache is checked and made under its lock, so two processes never make it at once.
+# corpora.py caches the stdlib corpus the same way, with these three functions.
+
+
+@contextlib.contextmanager
+def cache_lock(path, files_in=None):
+    """Hold an exclusive flock on <path>.lock while a cache is checked and made: a second
+    process asking for the same cache waits, then reads the first one's files (the kernel
+    drops a lock when its holder ends, however it ends). Temp files that a killed writer
+    left in files_in (the cache's folder) are removed under it. In a folder this process cannot
+    write there is no lock: a valid cache is read, and making one fails there anyway."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        f = open(path + ".lock", "a")
+    except OSError:
+        yield
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"data_lra: waiting for another process making {path}", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        folder = files_in or os.path.dirname(path) or "."
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            pid = name.split(".")[2] if name.startswith(".sptflt-tmp.") else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                os.remove(os.path.join(folder, name))
+        yield
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        pass
+    return True
 
 
 def _sha256(path):
@@ -590,15 +630,16 @@ def ensure_listops(data_dir, n=100_000, seed=0, progress=True):
     root = generated_listops_dir(data_dir, n, seed)
     files = [os.path.join(root, "listops-1000", f"basic_{s}.tsv") for s in SPLITS]
     sidecar, key = os.path.join(root, "cache.json"), dict(version=LISTOPS_VERSION, seed=seed, n=n)
-    if sidecar_matches(sidecar, key, files):
-        return root
-    print(f"data_lra: generating ListOps (n={n}, seed={seed}) into {root} (once; cached for later runs)")
-    rows = generate_listops(n, seed, progress=progress)
-    n_val = int(round(0.02 * n))
-    n_train = n - 2 * n_val
-    for path, part in zip(files, (rows[:n_train], rows[n_train:n_train + n_val], rows[n_train + n_val:])):
-        write_listops_tsv(path, part)
-    write_sidecar(sidecar, key, files)
+    with cache_lock(root, os.path.dirname(files[0])):
+        if sidecar_matches(sidecar, key, files):
+            return root
+        print(f"data_lra: generating ListOps (n={n}, seed={seed}) into {root} (once; cached for later runs)")
+        rows = generate_listops(n, seed, progress=progress)
+        n_val = int(round(0.02 * n))
+        n_train = n - 2 * n_val
+        for path, part in zip(files, (rows[:n_train], rows[n_train:n_train + n_val], rows[n_train + n_val:])):
+            write_listops_tsv(path, part)
+        write_sidecar(sidecar, key, files)
     return root
 
 
@@ -820,13 +861,15 @@ def ensure_pathfinder(data_dir, n=200_000, seed=0, difficulty="contour_length_14
     difficulty = _difficulty(difficulty)
     path = generated_pathfinder_path(data_dir, n, seed, difficulty, resolution)
     key = _pathfinder_key(n, seed, difficulty, resolution)
-    cached = _load_npz(path, key)
-    if cached is None or "margins" not in cached:
-        print(f"data_lra: generating PathFinder{resolution} {difficulty} (n={n}, seed={seed}, generator "
-              f"v{pathfinder.VERSION}) into {path} (once; cached for later runs)")
-        images, labels, margins = generate_pathfinder(n, seed, difficulty, resolution, progress=progress)
-        cached = dict(images=images.astype(np.uint8), labels=labels.astype(np.int64), margins=margins.astype(np.int64))
-        _save_npz(path, key, **cached)
+    with cache_lock(path):
+        cached = _load_npz(path, key)
+        if cached is None or "margins" not in cached:
+            print(f"data_lra: generating PathFinder{resolution} {difficulty} (n={n}, seed={seed}, generator "
+                  f"v{pathfinder.VERSION}) into {path} (once; cached for later runs)")
+            images, labels, margins = generate_pathfinder(n, seed, difficulty, resolution, progress=progress)
+            cached = dict(images=images.astype(np.uint8), labels=labels.astype(np.int64),
+                          margins=margins.astype(np.int64))
+            _save_npz(path, key, **cached)
     out = (cached["images"], cached["labels"])
     return out + (cached["margins"],) if with_margins else out
 

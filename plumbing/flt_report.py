@@ -99,6 +99,10 @@ def plot_runs(dirs, out_dir, quiet=False):
     import matplotlib.pyplot as plt
 
     runs = [rejudge(load_run(d)) for d in dirs]
+    unfinished = [r.dir for r in runs if not r.summary]
+    if unfinished and not quiet:
+        print(f"not finished (no summary.json: running, or stopped before its end), so drawn but given no row in "
+              f"the tables: {', '.join(unfinished)}")
     variants = list(dict.fromkeys(r.cfg["variant"] for r in runs))
     colour = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
     Ks = sorted(set(r.cfg["n_loops"] for r in runs))
@@ -161,16 +165,20 @@ def load_run(d):
     for name in ("config.json", "log.jsonl"):
         if not os.path.exists(os.path.join(d, name)) and not os.path.exists(os.path.join(d, name + ".gz")):
             raise FileNotFoundError(f"--compare: {os.path.join(d, name)} is missing (is {d} a run folder?)")
-    with open(os.path.join(d, "config.json")) as f:
-        cfg = json.load(f)
+    summary_path = os.path.join(d, "summary.json")
+    try:
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--compare: {d} holds a config.json or summary.json that is not JSON ({e.msg}, line "
+                         f"{e.lineno}): restore it, or leave the run out") from None
     if "variant" not in cfg:
         raise ValueError(f"--compare: {d} is not a run of train_flt.py (its config has no variant); compare only "
                          f"train_flt.py runs")
     if "optim" not in cfg:
         raise ValueError(f"--compare: {d} was written by a train_flt.py that did not record its recipe (its "
                          f"config has no optim); train it again to compare it")
-    summary_path = os.path.join(d, "summary.json")
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     return SimpleNamespace(dir=d, cfg=cfg, log=[as_numbers(renamed(r)) for r in read_run_log(d)],
                            summary=as_numbers(renamed(summary)))
 

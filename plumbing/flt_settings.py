@@ -49,17 +49,23 @@ RESUME_SAFE = ("lr", "embedding_lr", "unembedding_lr", "lr_mult", "grad_clip", "
                "stop_step", "sample_tokens", "block_grads_every", "device", "dtype", "compile", "debug")
 
 
-def get_config(defaults, recipes, argv, doc):
-    """Two passes: --optim picks the recipe's values (recipes: train_flt.RECIPES, applied
-    over DEFAULTS; a key given as a flag keeps the flag's value), then every --key=value
-    applies. Then the checks: a run's flags all of them, --compare's and --evaluate's their own."""
+def layered_config(defaults, recipes, argv, doc=""):
+    """The flags before any check: DEFAULTS and RUN_DEFAULTS, then --optim's recipe (recipes:
+    train_flt.RECIPES; a key given as a flag keeps the flag's value), then every --key=value:
+    what a command line means under this code."""
     optim = configurator.flag_value(argv, "optim", defaults["optim"])
     if optim not in recipes:
         raise ValueError(f"--optim={optim} is not one of {tuple(recipes)}")
     listing = "\n".join(f"  --optim={name}: " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "DEFAULTS' values")
                         for name, values in recipes.items())
-    cfg = configurator.configure({**defaults, **RUN_DEFAULTS, **recipes[optim]}, argv,
-                                 doc + "\n--optim=NAME sets (train_flt.RECIPES):\n" + listing)
+    return configurator.configure({**defaults, **RUN_DEFAULTS, **recipes[optim]}, argv,
+                                  doc + "\n--optim=NAME sets (train_flt.RECIPES):\n" + listing)
+
+
+def get_config(defaults, recipes, argv, doc):
+    """Two passes: --optim picks the recipe's values, then every --key=value applies.
+    Then the checks: a run's flags all of them, --compare's and --evaluate's their own."""
+    cfg = layered_config(defaults, recipes, argv, doc)
     check_test_loops(cfg)
     given = configurator.given_keys(argv)
     if cfg["compare"]:
@@ -69,6 +75,9 @@ def get_config(defaults, recipes, argv, doc):
         only_flags(given, "evaluate", ("test_loops", "device"))
     else:
         check_config(cfg, given)
+        if cfg["init_from"] == "resume":
+            configurator.note_code_changes(cfg["out_dir"], lambda first: layered_config(defaults, recipes, first),
+                                            ("stop_step", "debug"))
         if cfg["reference"]:
             check_reference(cfg)
     return cfg

@@ -151,13 +151,17 @@ def seed_table(runs):
 def run_summary(out_dir):
     """A run's summary.json, with the flags it does not record (pixel_encoder, ...) taken
     from its config.json."""
-    with open(os.path.join(out_dir, "summary.json")) as f:
-        summary = json.load(f)
     config_path = os.path.join(out_dir, "config.json")
-    if not os.path.exists(config_path):
-        return summary
-    with open(config_path) as f:
-        config = json.load(f)
+    try:
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if not os.path.exists(config_path):
+            return summary
+        with open(config_path) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{out_dir} holds a summary.json or config.json that is not JSON ({e.msg}, line "
+                         f"{e.lineno}): restore it, or leave the run out of --report") from None
     return {**{k: config[k] for k in SEED_GROUP if k in config}, **summary}
 
 
@@ -220,6 +224,9 @@ def report(dirs, out_dir=""):
     finished, unfinished, other = find_runs(dirs)
     if other:
         print(f"left out (not train_spt.py runs): {', '.join(other)}")
+    if unfinished:
+        print(f"not finished (no summary.json: running, or stopped before its end), so drawn in the SPT figure "
+              f"but given no row: {', '.join(unfinished)}")
     if not finished:
         raise FileNotFoundError(f"no finished train_spt.py run (summary.json) under {dirs}")
     runs = [(d, run_summary(d)) for d in finished]

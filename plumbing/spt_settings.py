@@ -166,18 +166,27 @@ def flag_scope(cfg):
                          "a run that pretrains itself; --init_from=CHECKPOINT finetunes from that checkpoint instead"))
 
 
-def get_config(defaults, argv, doc=""):
-    """Two passes: --task picks the task's values and --preset its overrides, then every
-    --key=value applies; then the checks. A run's out_dir defaults to default_out_dir."""
+def layered_config(defaults, argv, doc=""):
+    """The flags before any check: DEFAULTS and RUN_DEFAULTS, then --task's values (TASKS),
+    then --preset's overrides (PRESETS), then every --key=value. What a command line means
+    under this code, whether or not its files exist here (tools/lra_rescue.py reads records so)."""
     task = flag_value(argv, "task", defaults["task"])
     if task not in TASKS:
         raise ValueError(f"--task={task} is unknown; choose one of {list(TASKS)}")
     preset = flag_value(argv, "preset", defaults["preset"])
     if preset not in PRESETS:
         raise ValueError(f"--preset={preset} is unknown; choose one of {[p for p in PRESETS if p]}")
-    cfg = configure({**defaults, **RUN_DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv,
-                    doc + settings_help())
-    cfg = check_config(cfg, given_keys(argv))
+    return configure({**defaults, **RUN_DEFAULTS, **TASKS[task], **preset_values(preset, task)}, argv,
+                     doc + settings_help())
+
+
+def get_config(defaults, argv, doc=""):
+    """Two passes: --task picks the task's values and --preset its overrides, then every
+    --key=value applies; then the checks. A run's out_dir defaults to default_out_dir."""
+    cfg = check_config(layered_config(defaults, argv, doc), given_keys(argv))
+    if cfg["init_from"] == "resume":
+        configurator.note_code_changes(cfg["out_dir"], lambda first: layered_config(defaults, first),
+                                        ("halt_after_steps", "debug"))
     if not cfg["report"]:
         cfg["out_dir"] = cfg["out_dir"] or default_out_dir(cfg, defaults)
         if {cfg["task"], cfg["pretrain_task"] or cfg["task"]} != {"synthetic"}:     # data_dir is read

@@ -247,6 +247,7 @@ class Run:
     def __init__(self, cfg, script, argv, resume_config):
         self.cfg, self.script, self.argv, self.resume_config = cfg, script, argv, resume_config
         configurator.check_open_files()
+        configurator.check_threads()
         start = cfg.get("init_from", "")
         self.folder = runfiles.RunFolder(cfg["out_dir"], script, cfg["overwrite"], start == "resume",
                                          reads=[start] if start not in ("", "resume") else [])

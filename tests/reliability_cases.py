@@ -4,6 +4,7 @@ families are tests/test_reliability.py):
 
     python tests/reliability_cases.py REPO_DIR results.json
     python tests/reliability_cases.py REPO_DIR results.json 5     # the fifth round alone
+    python tests/reliability_cases.py REPO_DIR results.json 6     # the sixth: the sweep driver, records, caches
 
 Every case runs a real command in a fresh temporary folder and is classed as
 ok | traceback | silent (exit 0, or a wrong result, where an error or a specific
@@ -13,6 +14,8 @@ import json
 import os
 import pickle
 import shutil
+import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -70,6 +73,9 @@ def main():
     if ONLY == "5":
         run("train_spt.py", SPT + ["--out_dir=spt_done"], work)
         round_five(results, work, flt)
+        return tell(results)
+    if ONLY == "6":
+        round_six(results, work, flt)
         return tell(results)
 
     spt_flags = ["--batch_size=-4", "--batch_size=0", "--grad_accum=0", "--log_every=0", "--epochs=-1",
@@ -176,6 +182,7 @@ def main():
     round_three(results, work, flt)
     round_four(results, work, flt)
     round_five(results, work, flt)
+    round_six(results, work, flt)
     tell(results)
 
 
@@ -734,6 +741,242 @@ def round_five(results, work, flt):
                    "lambda p: types.SimpleNamespace(free=0)")
     results["5 a full disk before the first checkpoint"] = classify(rc, o, wrong="resume" in o or
                                                                     not one_line_error(rc, o))
+
+
+def round_six(results, work, flt):
+    """The sixth audit ('Nothing lost, round five'): the sweep driver (tools/lra_rescue.py)
+    at a tiny size, its records, the data caches, reports on unfinished runs, the
+    environment, resume across versions, and two round-four cases in other forms."""
+    six_driver(results, work)
+    six_records(results, work)
+    six_caches(results, work)
+    six_reports(results, work, flt)
+    six_environment(results, work, flt)
+
+
+RESCUE = os.path.join("tools", "lra_rescue.py")
+
+
+def sweep(work, name, *more):
+    """A tiny two-run sweep of the driver (spt_pretrain_s0, 60 steps; spt_s0; qk_s0 waits for the gate)."""
+    tiny = (f"--n_generate=200 --data_dir={work}/r6_data --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
+            "--batch_size=8 --log_every=1 --dtype=float32")
+    return [f"--extra={tiny}", "--extra_spt=--pretrain_epochs=2 --n_train=240", "--arms=spt,qk", "--seeds=0",
+            f"--out={work}/{name}_out", f"--results={work}/{name}_res", *more]
+
+
+def driver(work, name, *more):
+    """A driver started in its own session, once it has started its first run."""
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, RESCUE), "run", *sweep(work, name), *more], cwd=work,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    seen = ""
+    while "start: " not in seen and p.poll() is None:
+        seen += p.stdout.readline()
+    return p, seen
+
+
+def runs_of(folder):
+    """Pids of live processes whose command line names `folder` (runs left going)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if folder.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+def gone(folder, within=90):
+    deadline = time.time() + within
+    while runs_of(folder) and time.time() < deadline:
+        time.sleep(0.5)
+    return not runs_of(folder)
+
+
+def six_driver(results, work):
+    # SIGTERM, then SIGKILL, to the driver mid-sweep; then the driver again: it resumes, records each run once
+    for sig, name in ((signal.SIGTERM, "st"), (signal.SIGKILL, "sk")):
+        p, seen = driver(work, name)
+        time.sleep(4)
+        os.kill(p.pid, sig)
+        out = seen + p.communicate(timeout=120)[0]
+        orphans = not gone(f"{work}/{name}_out/", within=10)      # a run saves its resume point in a second
+        rc, o = run(RESCUE, ["run", *sweep(work, name)], work)
+        records = sorted(os.listdir(f"{work}/{name}_res")) if os.path.isdir(f"{work}/{name}_res") else []
+        whole = [r for r in records if not r.startswith(".")] == ["spt_pretrain_s0", "spt_s0"]
+        results[f"6 {sig.name} to the driver mid-sweep, then run again"] = classify(
+            rc, out + o, expect_error=False, wrong=orphans or not whole or "FAILED" in o or rc != 0 or
+            (sig == signal.SIGTERM and "run again to resume" not in out))
+    # a second driver on the same records
+    p, _ = driver(work, "two")
+    rc, o = run(RESCUE, ["run", *sweep(work, "two")], work)
+    os.kill(p.pid, signal.SIGTERM)
+    p.communicate(timeout=120)
+    results["6 a second driver on the same results folder"] = classify(
+        rc, o, wrong=not one_line_error(rc, o) or "another lra_rescue.py run" not in o or not gone(f"{work}/two_out/"))
+    # a kill while a record is copied: its .partial folder left, the run's folder whole
+    shutil.rmtree(f"{work}/st_res/spt_s0")
+    os.makedirs(f"{work}/st_res/spt_s0.partial")
+    shutil.copy(f"{work}/st_out/spt_s0/log.jsonl", f"{work}/st_res/spt_s0.partial")
+    rc, o = run(RESCUE, ["record", *sweep(work, "st")], work)
+    rc2, o2 = run(RESCUE, ["report", *sweep(work, "st")], work)
+    results["6 a kill while a record was copied, then record and report"] = classify(
+        rc + rc2 if rc is not None and rc2 is not None else None, o + o2, expect_error=False,
+        wrong=os.path.exists(f"{work}/st_res/spt_s0.partial") or
+        not os.path.isfile(f"{work}/st_res/spt_s0/summary.json"))
+    # a cluster's lines: a wave-2 line run before wave 1 is refused
+    rc, o = run(RESCUE, ["commands", *sweep(work, "cl")], work)
+    lines = [line for line in o.splitlines() if line.startswith("python tools/lra_rescue.py one")]
+    rc2, o2 = run(RESCUE, shlex.split(lines[1])[2:], work) if len(lines) == 3 else (1, f"not 3 lines: {o}")
+    results["6 commands, then a wave-2 line before wave 1"] = classify(
+        rc2, o2, wrong=not one_line_error(rc2, o2) or "not recorded yet: run the lines of wave 1 first" not in o2)
+
+
+def six_records(results, work):
+    """A damaged, NaN, foreign or half-copied record, a missing one a verdict needs, and a
+    read-only results folder: report and run refuse in one line naming it, before any work."""
+    def cut(path):
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:len(data) // 2])
+
+    def edit(path, old, new):
+        text = open(path).read()
+        open(path, "w").write(text.replace(old, new))
+    damages = {
+        "a record without summary.json": ("spt_s0", lambda d: os.remove(f"{d}/spt_s0/summary.json")),
+        "a truncated summary.json": ("spt_s0", lambda d: cut(f"{d}/spt_s0/summary.json")),
+        "a truncated spt_best.pt": ("spt_pretrain_s0", lambda d: cut(f"{d}/spt_pretrain_s0/spt_best.pt")),
+        "a NaN summary": ("spt_s0", lambda d: edit(f"{d}/spt_s0/summary.json", '"test_acc": ',
+                                                   '"test_acc": NaN, "x": ')),
+        "a record of another preset": ("spt_s0", lambda d: edit(f"{d}/spt_s0/config.json", '"cpu_rescue"', '"cpu"')),
+        "a missing record a verdict needs": ("spt_pretrain_s0", lambda d: (    # gone here and where it was made
+            shutil.rmtree(f"{d}/spt_pretrain_s0"), edit(f"{d}/spt_s0/config.json", work, "/gone"))),
+    }
+    for i, (case, (named, damage)) in enumerate(damages.items()):
+        res = f"{work}/dmg{i}_res"
+        shutil.copytree(f"{work}/st_res", res)
+        damage(res)
+        before = fp(f"{res}/spt_s0")
+        for action in ("report", "run"):
+            rc, o = run(RESCUE, [action, *sweep(work, f"dmg{i}")], work)
+            results[f"6 {case}, then {action}"] = classify(
+                rc, o, changed=fp(f"{res}/spt_s0") != before,
+                wrong=not one_line_error(rc, o) or named not in o or "start: " in o)
+    rc, o = run(RESCUE, ["run", *sweep(work, "ro")[:-1], "--results=/proc/r6_records"], work)
+    results["6 a results folder that cannot be written, then run"] = classify(
+        rc, o, wrong=not one_line_error(rc, o) or "cannot be written" not in o or "start: " in o)
+
+
+def together(argvs, cwd, env=None):
+    """(exit statuses, outputs) of commands started at once."""
+    procs = [subprocess.Popen([sys.executable, *a], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))) for a in argvs]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def six_caches(results, work):
+    spt, fl = os.path.join(REPO, "train_spt.py"), os.path.join(REPO, "train_flt.py")
+    small = ["--n_train=16", "--n_eval=16", "--n_embd=16", "--n_head=2", "--batch_size=8", "--epochs=1",
+             "--pretrain_epochs=0"]
+    pf = [spt, "--task=pathfinder", "--depth=1", "--n_generate=3000", *small, f"--data_dir={work}/c_pf"]
+    lo = [spt, "--task=listops", "--n_generate=400", "--max_len=600", *small, f"--data_dir={work}/c_lo"]
+    st = [fl, "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--n_loops=2",
+          "--max_steps=2", "--eval_interval=2", "--eval_batches=1", "--osc_steps=3", f"--data_dir={work}/c_st"]
+    for name, argv, made in (("PathFinder", pf, "generating PathFinder"), ("ListOps", lo, "generating ListOps"),
+                             ("stdlib", st, "gathered")):
+        codes, outs = together([argv + [f"--out_dir=c_{name}{i}"] for i in (1, 2)], work)
+        again = run(argv[0], argv[1:] + [f"--out_dir=c_{name}3"], work)[1]
+        results[f"6 two runs making one {name} cache at once"] = "traceback" if any("Traceback" in o for o in outs) \
+            else "ok" if codes == [0, 0] and sum(o.count(made) for o in outs) == 1 and made not in again else "silent"
+    path = next((os.path.join(f"{work}/c_pf/generated", f) for f in os.listdir(f"{work}/c_pf/generated")
+                 if f.endswith("-n3000.npz")), "no cache made")
+    for case, damage in (("truncated", lambda b: b[:len(b) // 2]),
+                         ("bit-flipped", lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 1]) +
+                          b[len(b) // 2 + 1:])):
+        data = open(path, "rb").read() if os.path.exists(path) else b""
+        open(path, "wb").write(damage(data))
+        rc, o = run(spt, pf[1:] + [f"--out_dir=c_{case}"], work)
+        results[f"6 a {case} PathFinder cache"] = classify(rc, o, expect_error=False,
+                                                           wrong=rc != 0 or "generating PathFinder" not in o)
+    before = fp(f"{work}/c_pf/generated")
+    for flag in ("--difficulty=contour_length_9", "--n_generate=2000"):
+        rc, o = run(spt, pf[1:] + [flag, f"--out_dir=c_{flag[2:6]}"], work)
+        kept = {k: v for k, v in fp(f"{work}/c_pf/generated").items() if k in before} == before
+        results[f"6 a cache of another {flag.split('=')[0]} in the same folder"] = classify(
+            rc, o, expect_error=False, changed=not kept, wrong=rc != 0 or "generating PathFinder" not in o)
+    big = [spt, "--task=pathfinder", "--depth=1", "--n_generate=20000", *small, f"--data_dir={work}/k_pf"]
+    for i in range(3):                                                  # killed at random points
+        p = subprocess.Popen([sys.executable, *big, f"--out_dir=k{i}"], cwd=work, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        time.sleep(random.uniform(3, 15))
+        p.kill()
+        p.wait()
+    left = gone(f"{work}/k_pf", within=30)
+    rc, o = run(spt, big[1:] + ["--out_dir=k_last"], work)
+    temps = [f for _, _, fs in os.walk(f"{work}/k_pf") for f in fs if f.startswith(".sptflt-tmp")]
+    results["6 PathFinder generation killed at random points, then run again"] = classify(
+        rc, o, expect_error=False, wrong=rc != 0 or bool(temps) or not left)
+
+
+def six_reports(results, work, flt):
+    spt, fl = os.path.join(REPO, "train_spt.py"), os.path.join(REPO, "train_flt.py")
+    run("train_spt.py", SPT + ["--out_dir=rt/done"], work)
+    run("train_spt.py", SPT + ["--epochs=3", "--ckpt_every=2", "--halt_after_steps=6", "--out_dir=rt/crashed"], work)
+    shutil.copytree(f"{work}/rt/crashed", f"{work}/rt/empty")
+    open(f"{work}/rt/empty/log.jsonl", "w").close()
+    shutil.copytree(f"{work}/rt/crashed", f"{work}/rt/cut")
+    open(f"{work}/rt/cut/log.jsonl", "a").write('{"step": 3, "lo')
+    live = subprocess.Popen([sys.executable, spt, *SPT, "--n_train=4096", "--batch_size=8", "--epochs=3",
+                             "--out_dir=rt/running"], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not os.path.exists(f"{work}/rt/running/log.jsonl") and live.poll() is None:
+        time.sleep(0.2)
+    rc, o = run("train_spt.py", ["--report=rt", "--out_dir=rt_report"], work)
+    results["6 --report over running, crashed, empty-log and cut-log runs"] = classify(
+        rc, o, expect_error=False, wrong=rc != 0 or not all(f"rt/{d}" in o.split("given no row:")[-1]
+                                                            for d in ("crashed", "empty", "cut", "running")))
+    run("train_flt.py", flt + ["--out_dir=ct_done"], work)
+    run("train_flt.py", flt + ["--stop_step=2", "--out_dir=ct_stopped"], work)
+    rc, o = run("train_flt.py", ["--compare=ct_done,ct_stopped", "--out_dir=ct_cmp"], work)
+    results["6 --compare of a stopped run"] = classify(rc, o, expect_error=False,
+                                                       wrong=rc != 0 or "ct_stopped" not in o.split("no row")[-1])
+    live.send_signal(signal.SIGTERM)
+    live.wait(timeout=120)
+
+
+def six_environment(results, work, flt):
+    spt, fl, S, F = os.path.join(REPO, "train_spt.py"), os.path.join(REPO, "train_flt.py"), " ".join(SPT), " ".join(flt)
+    cases = {   # name: (shell line, "runs" or an error's words)
+        "6 train_spt.py --device=cuda without CUDA": (f'"$PY" {spt} {S} --device=cuda --out_dir=e1', "no cuda device"),
+        "6 train_flt.py --device=cuda without CUDA": (f'"$PY" {fl} {F} --device=cuda --out_dir=e2', "no cuda device"),
+        "6 train_spt.py --device=mps without MPS": (f'"$PY" {spt} {S} --device=mps --out_dir=e3', "no mps device"),
+        "6 --compile=True on a CPU": (f'"$PY" {spt} {S} --compile=True --out_dir=e4', "runs"),
+        "6 OMP_NUM_THREADS=0": (f'OMP_NUM_THREADS=0 "$PY" {spt} {S} --out_dir=e5', "OMP_NUM_THREADS"),
+        "6 OMP_NUM_THREADS=abc, train_flt.py": (f'OMP_NUM_THREADS=abc "$PY" {fl} {F} --out_dir=e6', "OMP_NUM_THREADS"),
+        "6 LANG=C, a non-ASCII --out_dir": (f'LANG=C LC_ALL=C "$PY" {spt} {S} --out_dir=é7', "runs"),
+        "6 a HOME that cannot be written": (f'HOME=/proc/no_home "$PY" {spt} {S} --out_dir=e8', "runs"),
+        "6 summary.json replaced by a folder, then --overwrite, train_flt.py": (
+            f'"$PY" {fl} {F} --out_dir=e9 > /dev/null && rm e9/summary.json && mkdir e9/summary.json && '
+            f'"$PY" {fl} {F} --out_dir=e9 --overwrite=True', "is a folder where the run writes a file"),
+        "6 --data_dir equal to --out_dir, ListOps": (f'"$PY" {spt} --task=listops --n_generate=400 --depth=1 '
+                                                     f'--data_dir=e10 --out_dir=e10', "separate folders"),
+        "6 --data_dir equal to --out_dir, stdlib (train_flt.py)": (f'"$PY" {fl} {F.split(" --data=")[0]} '
+                                                                   f'--data_dir=e11 --out_dir=e11', "separate folders"),
+    }
+    for name, (line, want) in cases.items():
+        rc, o = shell(line, work, timeout=240)
+        wrong = rc != 0 if want == "runs" else not one_line_error(rc, o) or want not in o
+        results[name] = classify(rc, o, expect_error=want != "runs", wrong=wrong)
+    # resume across versions: this code's DEFAULTS changed since the run began
+    copy = os.path.join(work, "r6_repo")
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "out*", "data", "results", "__pycache__"))
+    rc, o = shell(f'cd {copy} && "$PY" train_spt.py {S} --ckpt_every=1 --halt_after_steps=2 --out_dir={work}/v_run; '
+                  f'sed -i \'0,/pool="mean"/s//pool="max"/\' train_spt.py && '
+                  f'"$PY" train_spt.py --out_dir={work}/v_run --init_from=resume', work)
+    results["6 resume after a DEFAULTS value changed in the code"] = classify(
+        rc, o, expect_error=False, wrong=rc != 0 or "pool='mean' (this code: 'max')" not in o)
 
 
 main()

@@ -575,6 +575,62 @@ def test_pathfinder_cache_reused_and_stale_or_truncated_cache_regenerated(tmp_pa
     assert not [f for f in os.listdir(os.path.dirname(path)) if ".tmp" in f]  # atomic writes leave no temp files
 
 
+def make_cache(kind, data_dir):
+    """Make (or read) one cache of each kind through its own function: PathFinder, ListOps,
+    the stdlib corpus of train_flt.py."""
+    import corpora
+    if kind == "pathfinder":
+        return D.ensure_pathfinder(data_dir, n=40, difficulty="baseline", progress=False)[0]
+    if kind == "listops":
+        return open(os.path.join(D.ensure_listops(data_dir, n=50, progress=False), "listops-1000",
+                                 "basic_train.tsv")).read()
+    return corpora.prepare_stdlib(data_dir)[0]
+
+
+@pytest.mark.parametrize("kind", ["pathfinder", "listops", "stdlib"])
+def test_two_makers_of_one_cache_at_once_make_it_once(tmp_path, monkeypatch, kind):
+    """Two processes asking for one cache at once: the second waits for the first, then reads
+    its files, so the cache is made once and both get the same data. (Two threads here: the
+    lock is an flock, which two open files of one process contend for as two processes do.)"""
+    import threading
+    import corpora
+    made, inside, go_on = [], threading.Event(), threading.Event()
+
+    def maker(real):
+        def slow(*a, **k):
+            made.append(1)
+            inside.set()
+            go_on.wait(20)                                   # the first maker is still at work
+            return real(*a, **k)
+        return slow
+    monkeypatch.setattr(D, "generate_pathfinder", maker(D.generate_pathfinder))
+    monkeypatch.setattr(D, "generate_listops", maker(D.generate_listops))
+    monkeypatch.setattr(corpora, "stdlib_docstrings", maker(lambda root=None: ["a docstring"] * 400))
+    got = []
+    first = threading.Thread(target=lambda: got.append(make_cache(kind, str(tmp_path))))
+    second = threading.Thread(target=lambda: got.append(make_cache(kind, str(tmp_path))))
+    first.start()
+    assert inside.wait(20)
+    second.start()
+    second.join(0.5)                                         # it waits for the first maker's lock
+    go_on.set()
+    first.join(20), second.join(20)
+    assert len(made) == 1 and len(got) == 2 and np.array_equal(np.asarray(got[0]), np.asarray(got[1]))
+
+
+def test_a_cache_made_again_after_a_killed_maker_leaves_no_temp_file(tmp_path, capsys):
+    """A maker killed mid-write leaves its temp file (.sptflt-tmp.<pid>.<name>); the next
+    maker removes it, as the pid is dead, and makes the cache whole."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path = D.generated_pathfinder_path(str(tmp_path), 40, 0, "baseline", 32)
+    os.makedirs(os.path.dirname(path))
+    left = os.path.join(os.path.dirname(path), f".sptflt-tmp.{int(dead.stdout)}.{os.path.basename(path)}")
+    open(left, "wb").write(b"PK half an npz")
+    images = make_cache("pathfinder", str(tmp_path))
+    assert not os.path.exists(left) and images.shape == (40, 32, 32) and D._load_npz(path, D._pathfinder_key(
+        40, 0, "baseline", 32)) is not None
+
+
 def test_pathfinder_cache_key_changes_with_the_generator_version(tmp_path, monkeypatch, capsys):
     D.ensure_pathfinder(str(tmp_path), n=10, difficulty="baseline", progress=False)
     old = D.generated_pathfinder_path(str(tmp_path), 10, 0, "baseline", 32)

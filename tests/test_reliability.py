@@ -1007,3 +1007,57 @@ def test_sigterm_to_the_process_group_with_data_workers_saves_the_resume_point(t
     os.killpg(p.pid, signal.SIGTERM)
     err = (seen + p.communicate(timeout=60)[1]).decode()
     assert p.returncode == 143 and "Traceback" not in err and load_checkpoint(out / "ckpt.pt")["step"] >= 1
+
+
+@pytest.mark.parametrize("value", ["0", "abc", ""])
+def test_an_omp_num_threads_torch_would_ignore_is_one_line_before_any_work(tmp_path, monkeypatch, value):
+    """torch takes every core when OMP_NUM_THREADS is 0, empty or a word: not what was asked."""
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    for script, flags in ((train_spt, SPT), (train_flt, FLT)):
+        status, message = cli(script, *flags, f"--out_dir={tmp_path / 'run'}")
+        assert status == 1 and f"OMP_NUM_THREADS={value!r} is not a positive whole number" in message
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_run_resumed_under_changed_defaults_keeps_its_own_and_says_which(tmp_path, monkeypatch, capsys):
+    """Resume across versions: this code's default changed since the run began; the resumed
+    run keeps its own value, and one line says which default differs."""
+    run = tmp_path / "run"
+    cli(train_spt, *SPT, "--ckpt_every=1", "--halt_after_steps=2", f"--out_dir={run}")
+    monkeypatch.setitem(train_spt.DEFAULTS, "pool", "max")                 # this code's default now
+    capsys.readouterr()
+    argv = [f"--out_dir={run}", "--init_from=resume"]
+    cfg = spt_settings.resume_config(load_checkpoint(run / "ckpt.pt"), spt_config(argv), argv)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "pool='mean' (this code: 'max')" in notes[0] and cfg["pool"] == "mean"
+
+
+def test_report_names_the_runs_not_finished_and_a_summary_that_is_not_json(finished_spt, tmp_path, capsys):
+    """--report over a tree: a run stopped mid-line (no summary.json, its log's last line cut)
+    is drawn and said to have no row; a damaged summary.json is one line naming its run,
+    before any output."""
+    tree = tmp_path / "tree"
+    shutil.copytree(finished_spt, tree / "done")
+    shutil.copytree(finished_spt, tree / "cut")
+    os.remove(tree / "cut" / "summary.json")
+    with open(tree / "cut" / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "lo')
+    assert cli(train_spt, f"--report={tree}", f"--out_dir={tmp_path / 'rep'}")[0] == 0
+    assert f"given no row: {tree / 'cut'}" in capsys.readouterr().out
+    (tree / "done" / "summary.json").write_text('{"test_acc": 0.6')
+    status, message = cli(train_spt, f"--report={tree}", f"--out_dir={tmp_path / 'rep2'}")
+    assert status == 1 and f"{tree / 'done'} holds a summary.json or config.json that is not JSON" in message
+    assert not (tmp_path / "rep2").exists()
+
+
+def test_compare_names_the_runs_not_finished_and_a_summary_that_is_not_json(tmp_path, text_file, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    cli(train_flt, *FLT, f"--data={text_file}", f"--out_dir={a}")
+    cli(train_flt, *FLT, f"--data={text_file}", "--stop_step=2", f"--out_dir={b}")          # stopped, resumable
+    capsys.readouterr()
+    assert cli(train_flt, f"--compare={a},{b}", f"--out_dir={tmp_path / 'cmp'}")[0] == 0
+    assert f"given no row in the tables: {b}" in capsys.readouterr().out
+    (a / "summary.json").write_text("{")
+    status, message = cli(train_flt, f"--compare={a},{b}", f"--out_dir={tmp_path / 'cmp2'}")
+    assert status == 1 and f"{a} holds a config.json or summary.json that is not JSON" in message
+    assert not (tmp_path / "cmp2").exists()

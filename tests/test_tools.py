@@ -3,6 +3,8 @@ PathFinder setting (its CPU smoke test runs a few steps per arm, in parallel pro
 
 import math
 import os
+import pathlib
+import shutil
 
 import pytest
 import torch
@@ -302,12 +304,16 @@ def test_rescue_preset_is_the_probed_depth_2_setting():
 
 
 def fake_record(d, test_acc=None, accs=(0.517, 0.483), init_from="", spt=False):
-    """A record as keep_record leaves it: no checkpoint, val.json beside the log. spt: an
-    SPT-alone record (3 SPT epochs, best 3); else a finetuning one (init_from: its start)."""
+    """A record as keep_record leaves it, its config the sweep's for the run its folder names
+    (<run>_s<seed>), val.json beside the log. spt: an SPT-alone record (3 SPT epochs, best 3,
+    the checkpoints the arms start from, empty); else a finetuning one (init_from: its start)."""
     import json
     d.mkdir(parents=True)
-    cfg = rescue.train_spt_config(["--n_generate=1000", f"--data_dir={d.parent / 'data'}"])
+    name, seed = d.name.rsplit("_s", 1)
+    cfg = rescue.expected_config(rescue.run_flags(name, int(seed), str(d.parent)))
     (d / "config.json").write_text(json.dumps(dict(cfg, init_from=init_from)))
+    for ckpt in ("spt_best.pt", "spt_epoch1.pt", "spt_epoch5.pt") if spt else ():
+        torch.save(dict(model={}), d / ckpt)
     (d / "val.json").write_text(json.dumps(dict(n=100, share=0.5)))
     if spt:
         records = [dict(phase="spt", step=10 * k, epoch=0, loss=1.4 - k / 100) for k in range(1, 30)]
@@ -392,13 +398,13 @@ def test_rescue_report_finds_the_source_records_in_a_checkout_at_another_path(tm
     for s in range(3):
         fake_record(results / f"spt_pretrain_s{s}", spt=True)
         fake_record(tmp_path / "results" / "rescue_gpu" / f"cross_pretrain_s{s}", spt=True)
-        fake_record(results / f"spt_s{s}", 0.7, accs=(0.5, 0.7, 0.75),
-                    init_from=f"/gone/main/results/rescue/spt_pretrain_s{s}/spt_epoch2.pt")
+        fake_record(results / f"short1_s{s}", 0.7, accs=(0.5, 0.7, 0.75),
+                    init_from=f"/gone/main/results/rescue/spt_pretrain_s{s}/spt_epoch1.pt")
         fake_record(results / f"cross_s{s}", 0.6, accs=(0.5, 0.7, 0.75),
                     init_from=f"/gone/main/results/rescue_gpu/cross_pretrain_s{s}/spt_best.pt")
     shutil.copy(os.path.join(rescue.ROOT, "results", "rescue", "take_two.json"), results)
     text = rescue.main(["--action=report", f"--out={tmp_path / 'out'}", f"--results={results}"])
-    assert "| spt | 3 | 1.100 ± 0.000 |" in text and "| 200 + 900 |" in text     # SPT's epoch 2, beside it
+    assert "| short1 | 3 | 1.200 ± 0.000 |" in text and "| 100 + 900 |" in text  # SPT's epoch 1, beside it
     assert "| cross | 3 | 1.000 ± 0.000 |" in text and "| 300 + 900 |" in text   # the best, in rescue_gpu
 
 
@@ -507,7 +513,8 @@ def test_rescue_gpu_script_stops_at_its_limit_then_resumes_and_hands_back_its_fi
     import shutil
     import subprocess
     repo = tmp_path / "repo"
-    shutil.copytree(rescue.ROOT, repo, ignore=shutil.ignore_patterns("out*", "data", ".git", "__pycache__"))
+    shutil.copytree(rescue.ROOT, repo, ignore=shutil.ignore_patterns("out*", "data", ".git", "__pycache__",
+                                                                   "rescue_gpu"))    # its records: none yet
     extra = (f"--n_generate=600 --data_dir={tmp_path / 'data'} --n_embd=16 --n_head=2 --batch_size=8 "
              "--log_every=1")
     out = tmp_path / "back"
@@ -536,7 +543,7 @@ def test_rescue_runs_small_records_each_run_then_reports_from_the_records(tmp_pa
     import shutil
     shutil.rmtree(tmp_path / "out")                                           # the runs' folders are gone
     text = rescue.main(["--action=report", f"--out={tmp_path / 'report'}", f"--results={tmp_path / 'results'}",
-                        "--seeds=0"])
+                        "--seeds=0", f"--extra={tiny}", "--extra_spt=--pretrain_epochs=2"])   # the sweep's own flags
     assert "| spt | 1 |" in text and "spt: 0 of 1 seeds took off" in text
     assert (tmp_path / "report" / "rescue_attention_2d.png").exists()
     rescue.main(args)
@@ -622,6 +629,151 @@ def test_a_stop_signal_to_the_driver_stops_its_runs_with_their_resume_points():
         rescue.stop_runs(going, rescue.signal.SIGTERM)
     assert stopped.value.code == 128 + rescue.signal.SIGTERM
     assert all(c.sent == [rescue.signal.SIGTERM] and c.waited for c in going.values())
+
+
+# The driver's guarantees (lra_rescue's docstring): records whole and its own, no run twice or
+# orphaned, one line before any work; `commands` and `one` for a cluster.
+
+class FakeRun:
+    """A train_spt.py child that 'trains' at once: it writes the run's files as a finished run
+    leaves them (config.json of its flags, log, summary, val.json, SPT checkpoints). Each
+    instance notes its command line in FakeRun.started."""
+    started = []
+
+    def __init__(self, argv, **kwargs):
+        import json
+        FakeRun.started.append(argv)
+        flags = [a for a in argv[2:] if not a.startswith(("--out_dir=", "--overwrite="))]
+        out = pathlib.Path(next(a for a in argv if a.startswith("--out_dir="))[len("--out_dir="):])
+        out.mkdir(parents=True, exist_ok=True)
+        source = "--epochs=0" in flags
+        config = rescue.train_spt_config(flags)
+        (out / "config.json").write_text(json.dumps(config))
+        (out / "val.json").write_text(json.dumps(dict(n=100, share=0.5)))
+        phase = "spt" if source else "finetune"
+        evals = [dict(phase=phase, step=10 * e, epoch=e, val_loss=0.5, val_loss_se=0.01, val_acc=0.9) for e in (1, 2)]
+        (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+        for ckpt in ("spt_best.pt", "spt_epoch1.pt", "spt_epoch5.pt") if source else ():
+            torch.save(dict(model={}, config=config), out / ckpt)
+        summary = dict(spt_best_val_loss=0.5, spt_best_epoch=2, steps=20, wall_time_s=60.0) if source else \
+            dict(test_acc=0.9, best_val_acc=0.9, steps=20, wall_time_s=60.0)
+        (out / "summary.json").write_text(json.dumps(summary))
+        self.returncode = 0
+
+    def poll(self):
+        return 0
+
+    def wait(self):
+        return 0
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    FakeRun.started = []
+    monkeypatch.setattr(rescue.subprocess, "Popen", FakeRun)
+    monkeypatch.setattr(rescue.time, "sleep", lambda s: None)
+    return FakeRun.started
+
+
+def sweep_args(where, *more):
+    return [f"--out={where / 'out'}", f"--results={where / 'results'}", "--seeds=0,1", *more]
+
+
+def test_commands_prints_exactly_the_runs_run_starts_wave_by_wave(tmp_path, fake_runs, capsys):
+    """The same runs, with the same train_spt.py flags, whether the local driver starts them
+    or a cluster runs the `one` lines of `commands`, wave by wave; a line whose needs are not
+    recorded yet is refused, and a recorded one is passed over."""
+    import shlex
+    rescue.main(["--action=run", *sweep_args(tmp_path / "local")])
+    by_driver = sorted(" ".join(a) for a in fake_runs)
+    fake_runs.clear()
+    capsys.readouterr()
+    lines = rescue.main(["--action=commands", *sweep_args(tmp_path / "cluster")])
+    waves = rescue.waves(dict(rescue.DEFAULTS, seeds="0,1"))
+    run_of = lambda line: shlex.split(line)[3][len("--run="):].rsplit("_s", 1)
+    wave_of = {line: waves[run_of(line)[0], int(run_of(line)[1])] for line in lines}
+    assert [wave_of[line] for line in lines] == sorted(wave_of.values()) and set(wave_of.values()) == {1, 2, 3}
+    one = lambda line: rescue.main(["--action=one"] + shlex.split(line)[3:])
+    with pytest.raises(FileNotFoundError, match="which is not recorded yet: run the lines of wave 1 first"):
+        one(next(line for line in lines if wave_of[line] == 2))
+    for line in lines:
+        one(line)
+    by_lines = sorted(" ".join(a).replace("cluster", "local") for a in fake_runs)
+    assert by_lines == by_driver and len(by_driver) == len(lines) == 2 * 10
+    one(lines[0])
+    assert "recorded already" in capsys.readouterr().out and len(fake_runs) == 20
+    assert rescue.main(["--action=commands", *sweep_args(tmp_path / "cluster")]) == []
+
+
+@pytest.mark.parametrize("damage, record, words", [
+    (lambda r: os.remove(r / "qk_s1" / "summary.json"), "qk_s1", "has no summary.json (a copy cut short, or edited)"),
+    (lambda r: (r / "qk_s1" / "summary.json").write_text('{"test_acc": 0.6'), "qk_s1", "summary.json is not JSON"),
+    (lambda r: (r / "spt_pretrain_s1" / "spt_best.pt").write_bytes(b"PK\x03\x04" + b"\0" * 60), "spt_pretrain_s1",
+     "spt_best.pt is truncated or damaged"),
+    (lambda r: (r / "qk_s1" / "summary.json").write_text('{"test_acc": NaN, "best_val_acc": 0.9, "steps": 20, '
+                                                         '"wall_time_s": 60}'), "qk_s1", "holds no finite test_acc"),
+    (lambda r: (r / "qk_s1" / "config.json").write_text((r / "qk_s1" / "config.json").read_text().replace(
+        '"cpu_rescue"', '"cpu"')), "qk_s1",
+     "was made with --preset=cpu, where this sweep's qk run has --preset=cpu_rescue"),
+    (lambda r: (r / "qk_s1" / "config.json").write_text((r / "qk_s1" / "config.json").read_text().replace(
+        '"qk"', '"all"')), "qk_s1", "was made with --init_params=all, where this sweep's qk run has --init_params=qk"),
+    (lambda r: shutil.rmtree(r / "spt_pretrain_s1"), "qk_s1", "spt_pretrain_s1, which is not recorded here"),
+])
+def test_a_record_that_is_not_whole_or_not_the_sweeps_is_named_before_any_work(tmp_path, fake_runs, damage, record,
+                                                                               words):
+    """A half-copied, damaged, NaN or foreign record (another preset, another arm's flags), or
+    a record whose start is gone: report, run, one and commands refuse in one line naming it,
+    before anything is tabled or started."""
+    rescue.main(["--action=run", *sweep_args(tmp_path, "--arms=spt,qk")])
+    fake_runs.clear()
+    damage(tmp_path / "results")
+    (tmp_path / "results" / "spt_s1").rename(tmp_path / "results" / "spt_s1.partial")   # never read, nor refused
+    for action in ("report", "run", "one --run=spt_s1", "commands"):
+        with pytest.raises(ValueError, match=record) as e:
+            rescue.main([f"--action={action.split()[0]}", *action.split()[1:], *sweep_args(tmp_path, "--arms=spt,qk")])
+        assert words in str(e.value) and "Nothing was done" in str(e.value)
+    assert fake_runs == [] and not (tmp_path / "out" / "rescue.md").exists()
+
+
+def test_a_second_driver_and_a_results_folder_that_cannot_be_written_are_refused_first(tmp_path, fake_runs):
+    held = rescue.lock_file(str(tmp_path / "results" / ".driver.lock"))          # a driver at work
+    with pytest.raises(FileExistsError, match=rf"another lra_rescue.py run \(pid {os.getpid()}\) drives"):
+        rescue.main(["--action=run", *sweep_args(tmp_path)])
+    held.close()
+    claim = rescue.claim(dict(rescue.DEFAULTS, results=str(tmp_path / "results")), "spt_pretrain", 0)
+    with pytest.raises(FileExistsError, match="spt_pretrain_s0 is being run by another process"):
+        rescue.main(["--action=one", "--run=spt_pretrain_s0", *sweep_args(tmp_path)])
+    claim.close()
+    with pytest.raises(PermissionError, match="cannot be written"):
+        rescue.main(["--action=run", f"--out={tmp_path / 'out'}", "--results=/proc/no_records_here"])
+    assert fake_runs == []
+
+
+def test_a_run_gets_sigterm_when_its_driver_dies(tmp_path):
+    """PR_SET_PDEATHSIG: the kernel signals a run when the thread that started it ends, however
+    it ends (a SIGKILL of the driver included); here that thread ends by returning."""
+    import subprocess
+    import sys
+    import threading
+    child, driver = [], os.getpid()
+    starter = threading.Thread(target=lambda: child.append(subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=lambda: rescue.die_with_parent(driver))))
+    starter.start()
+    starter.join()
+    assert child[0].wait(timeout=10) == -rescue.signal.SIGTERM
+
+
+def test_the_drivers_stop_handler_signals_its_runs_and_never_waits_for_them():
+    """A handler that waited for the runs hung the driver for ever when the signal came while
+    its loop polled a run, which holds the lock that waiting needs (seen: `timeout` sent SIGTERM
+    to the driver, the run stopped, the driver did not). The handler only signals; the loop waits."""
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    going, stopped = {("spt", 0): child}, []
+    with child._waitpid_lock:                                   # as while the driver's loop polls it
+        rescue.forward_stop(going, stopped)(rescue.signal.SIGTERM, None)
+    assert stopped == [rescue.signal.SIGTERM] and child.wait(timeout=10) == -rescue.signal.SIGTERM
 
 
 def test_readme_figures_are_drawn_from_finished_runs_and_refuse_an_unfinished_one(tmp_path):

@@ -660,3 +660,16 @@ def test_window_sweep_records_each_run_and_compare_reads_the_records_alone(tmp_p
     assert len(rows) > 2 and (tmp_path / "figures" / "flt_loss.png").exists()
     judged = flt_report.rejudge(flt_report.load_run(str(flt))).summary
     assert judged["outcome"] in ("learned", "lagging", "collapsed", "did not learn", "undetermined")
+
+
+def test_window_sweep_refuses_a_record_that_is_not_whole_before_its_run(tmp_path):
+    """tools/flt_map.sh: a record folder without summary.json (a copy cut short) is named in
+    one line and the sweep stops, instead of training the run again and moving its new record
+    into the old folder."""
+    (tmp_path / "results" / "w_ref_K1_s1").mkdir(parents=True)
+    env = dict(os.environ, SEEDS="1", OUT=str(tmp_path / "out"), RESULTS=str(tmp_path / "results"),
+               EXTRA="--data=/nowhere --max_steps=1")                  # a run would fail at once anyway
+    done = subprocess.run(["bash", "tools/flt_map.sh", "window"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "w_ref_K1_s1 is not a whole record (no summary.json)" in done.stderr
+    assert "python train_flt.py" not in done.stdout and os.listdir(tmp_path / "results" / "w_ref_K1_s1") == []

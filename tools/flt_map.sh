@@ -38,12 +38,16 @@ record() {   # record DIR: its record under $RESULTS, whole or not at all
   cp "$1/summary.json" "$1/config.json" "$1/command.txt" "$dest.partial/"
   if [ "$(stat -c %s "$1/log.jsonl")" -gt "${GZIP_OVER:-1000000}" ]; then gzip -c "$1/log.jsonl" > "$dest.partial/log.jsonl.gz"
   else cp "$1/log.jsonl" "$dest.partial/"; fi
-  mv "$dest.partial" "$dest" && echo "  recorded: $dest (commit it)"
+  mv -T "$dest.partial" "$dest" && echo "  recorded: $dest (commit it)"    # -T: never into a folder there
 }
 
 run() {   # run DIR FLAG...: skip it if finished or recorded, resume it if cut, else start it
   local dir=$1; shift
   if recorded "$dir"; then return 0; fi
+  if [ -n "${RESULTS:-}" ] && [ -e "$RESULTS/$(basename "$dir")" ]; then     # a record is whole or absent
+    echo "error: $RESULTS/$(basename "$dir") is not a whole record (no summary.json): restore it (git checkout)" \
+         "or move it away, then run this again" >&2; exit 1
+  fi
   if [ ! -f "$dir/summary.json" ]; then
     local how="--overwrite=True"
     if [ -f "$dir/ckpt.pt" ]; then how="--init_from=resume"; fi

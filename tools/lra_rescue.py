@@ -5,6 +5,8 @@ finetuning 4,000).
 
     python tools/lra_rescue.py run            # the arms in --arms, 3 seeds, two runs at a time
     python tools/lra_rescue.py run --dry=True # the commands only
+    python tools/lra_rescue.py commands       # one line a run for a cluster (below), wave by wave
+    python tools/lra_rescue.py one --run=qk_s2   # one run, trained and recorded (what a line says)
     python tools/lra_rescue.py record         # copy finished runs' records into --results
     python tools/lra_rescue.py report         # tables + verdicts (rescue.md) and figures, from the records
     python tools/lra_rescue.py status         # each run: recorded, running, stopped or waiting
@@ -41,16 +43,64 @@ reads the records alone. A run cut by a machine change starts again from its beg
 Restartable on one machine: a stopped run resumes from its ckpt.pt (--init_from=resume).
 Runs go two at a time, one thread each (OMP_NUM_THREADS=1), and no run starts once the runs
 have used --max_core_hours; the runs going then finish, so a sweep can pass it by up to
---slots runs.
+--slots runs. --extra (every run) and --extra_spt (the SPT-alone runs) add train_spt.py
+flags: a tiny sweep for a test, or --device=cuda for a GPU replica.
+
+What the driver guarantees (tests/test_tools.py; the hostile cases: tests/reliability_cases.py):
+- A record is whole or absent. It is copied into <run>.partial (a leftover of a copy cut
+  short is removed first) and renamed into place; no reader looks at a .partial folder. A
+  record folder without its summary.json, or with a file that does not parse, a checkpoint
+  that does not load, a number that is NaN or missing, or the flags of another run (another
+  preset, arm or seed), is named in one line by run, one, commands and report before any
+  work, and never tabled (status shows it on its line).
+- No run is left going without its driver: a stop signal (SIGINT, SIGTERM, SIGHUP) passes
+  SIGTERM to the runs, which save their resume points; on Linux each run also gets SIGTERM
+  from the kernel when its driver dies, even by SIGKILL (PR_SET_PDEATHSIG), and elsewhere
+  the runs are in the driver's process group. Started again, the driver records what
+  finished, resumes what stopped, and never runs a recorded run again.
+- No run is started twice: a driver holds --results/.driver.lock (a second `run` on the
+  same records is refused in one line), and whoever trains a run, a driver or `one`, holds
+  its claim, --results/.<run>.lock, until it is recorded (the run inherits it, so it lasts
+  as long as the run does). A run held elsewhere, or a train_spt.py writing into its folder
+  (one an older driver left going), takes a slot and is not started.
+- A results or runs folder that cannot be written is one line before any work.
+
+On a cluster (no `run --slots`): `commands` prints the `one` line of every unrecorded run,
+wave by wave: wave 1 needs nothing (the SPT-alone runs, scratch), wave 2 needs only wave 1
+(spt, from its SPT run), wave 3 the rest (the arms the first spt seed gates); --wave=N
+prints one wave. Each line trains its run (resuming it if stopped) and keeps its record in
+--results as `run` does; then `report` reads the records. Run the lines from this folder:
+
+    python tools/lra_rescue.py commands --wave=1 > wave1.txt     # likewise wave2.txt, wave3.txt
+    # SLURM: a job array a wave, each after the one before; job.sh runs line N of its file:
+    #   #!/bin/bash
+    #   #SBATCH --cpus-per-task=1 --time=8:00:00
+    #   export OMP_NUM_THREADS=1; eval "$(sed -n ${SLURM_ARRAY_TASK_ID}p "$1")"
+    one=$(sbatch --parsable --array=1-$(wc -l < wave1.txt) job.sh wave1.txt)
+    two=$(sbatch --parsable --dependency=afterok:$one --array=1-$(wc -l < wave2.txt) job.sh wave2.txt)
+    sbatch --dependency=afterok:$two --array=1-$(wc -l < wave3.txt) job.sh wave3.txt
+    # or GNU parallel on one machine: a wave at a time
+    for w in 1 2 3; do python tools/lra_rescue.py commands --wave=$w | OMP_NUM_THREADS=1 parallel -j 8; done
+    python tools/lra_rescue.py report
+
+Print each wave's lines when the one before it has finished, or all at once: a line whose
+needs are not recorded yet is refused in one line, and one that is recorded already is
+passed over, so a job array can be sent again. A wave-3 line is refused while the gate
+holds (the first spt seed stuck). --max_core_hours binds `run` only.
 """
 
+import ctypes
+import fcntl
+import functools
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -59,10 +109,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from configurator import configure, run_cli  # noqa: E402
+from configurator import configure, given_keys, run_cli  # noqa: E402
 
 DEFAULTS = dict(action="report", out="out/rescue", results="results/rescue", slots=2, dry=False, extra="", extra_spt="",
-                seeds="0,1,2", arms="spt,qk,mlp,short1,short5,cross,frozen,attn", figures="", max_core_hours=30.0)
+                seeds="0,1,2", arms="spt,qk,mlp,short1,short5,cross,frozen,attn", figures="", max_core_hours=30.0,
+                run="", wave=0)
 BASE = ["--task=pathfinder", "--preset=cpu_rescue"]
 CHANCE = 0.5
 
@@ -279,12 +330,25 @@ def jobs(cfg):
 
 
 def recorded(cfg, name, seed):
-    return os.path.exists(os.path.join(folder(results_dir(cfg), name, seed), "summary.json"))
+    """Whether --results holds the run's record: its summary.json, a file. A record is renamed
+    into place whole, so a folder without one is damage, which record_problem names."""
+    return os.path.isfile(os.path.join(folder(results_dir(cfg), name, seed), "summary.json"))
+
+
+def read_json(path):
+    """A JSON object from a file; one that does not parse is a ValueError naming the file."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{os.path.basename(path)} is not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{os.path.basename(path)} is not a JSON object")
+    return value
 
 
 def read_summary(d):
-    with open(os.path.join(d, "summary.json")) as f:
-        return json.load(f)
+    return read_json(os.path.join(d, "summary.json"))
 
 
 def val_split(d):
@@ -301,9 +365,12 @@ def val_split(d):
 
 
 def keep_record(run_dir, record_dir):
-    """Copy a finished run's record (KEPT, and spt_epoch<N>.pt) into record_dir, whole or
-    not at all: written beside it, then renamed. Returns record_dir."""
+    """Copy a finished run's record (KEPT, and spt_epoch<N>.pt) into record_dir, whole or not
+    at all: into record_dir.partial (a leftover of a copy cut short is removed first), then
+    renamed; a record is never replaced. The caller holds the run's claim. Returns record_dir."""
     from plumbing import runfiles
+    if os.path.lexists(record_dir):
+        raise FileExistsError(f"{record_dir} exists: a record is never overwritten; remove it by hand to redo it")
     names = [f for f in KEPT if os.path.exists(os.path.join(run_dir, f))]
     names += sorted(f for f in os.listdir(run_dir) if f.startswith("spt_epoch") and f.endswith(".pt"))
     n, share = val_split(run_dir)
@@ -313,21 +380,130 @@ def keep_record(run_dir, record_dir):
     for f in names:
         shutil.copy2(os.path.join(run_dir, f), temp)
     runfiles.write_json(os.path.join(temp, "val.json"), dict(n=n, share=share))
-    if os.path.exists(record_dir):
-        raise FileExistsError(f"{record_dir} exists: a record is never overwritten; remove it by hand to redo it")
-    os.replace(temp, record_dir)
+    os.rename(temp, record_dir)
     return record_dir
 
 
+def record_run(cfg, name, seed):
+    """The run's record, kept now if its folder under --out has finished and it has none yet;
+    None while it has not finished. The caller holds the run's claim."""
+    record, d = folder(results_dir(cfg), name, seed), folder(cfg["out"], name, seed)
+    if recorded(cfg, name, seed):
+        return record
+    if not os.path.isfile(os.path.join(d, "summary.json")):
+        return None
+    keep_record(d, record)
+    print(f"recorded: {record} (commit it: git add {os.path.relpath(record, ROOT)})", flush=True)
+    return record
+
+
+def record(cfg):
+    """`record`: the records checked first (check_records), then record_finished."""
+    check_records(cfg)
+    return record_finished(cfg)
+
+
 def record_finished(cfg):
-    """Record every finished run under --out that has no record yet; returns the new records."""
+    """Record every finished run under --out that has no record yet and that no other process
+    holds; returns the new records."""
     new = []
     for name, seed, _ in jobs(cfg):
-        d = folder(cfg["out"], name, seed)
-        if os.path.exists(os.path.join(d, "summary.json")) and not recorded(cfg, name, seed):
-            new.append(keep_record(d, folder(results_dir(cfg), name, seed)))
-            print(f"recorded: {new[-1]} (commit it: git add {os.path.relpath(new[-1], ROOT)})", flush=True)
+        finished = os.path.isfile(os.path.join(folder(cfg["out"], name, seed), "summary.json"))
+        if recorded(cfg, name, seed) or not finished:
+            continue
+        held = claim(cfg, name, seed)
+        if held is not None:
+            with held:
+                new.append(record_run(cfg, name, seed))
     return new
+
+
+# -----------------------------------------------------------------------------
+# A record is read only when it is whole and this sweep's own
+
+# The numbers a summary must hold, finite: what the tables, the verdicts and the budget read.
+NUMBERS = {"source": ("spt_best_val_loss", "spt_best_epoch", "wall_time_s"),
+           "arm": ("test_acc", "best_val_acc", "steps", "wall_time_s")}
+
+
+def record_problem(cfg, name, seed):
+    """What is wrong with the run's record in --results, in words, or None (no record, or a
+    sound one): a folder without summary.json (a copy cut short, or edited), a file that does
+    not parse, a checkpoint missing or damaged (every zip member's CRC is checked), a number
+    NaN or missing, the flags of another run (foreign), or a start that is not recorded."""
+    from plumbing import runfiles, training
+    d = folder(results_dir(cfg), name, seed)
+    if not os.path.lexists(d):
+        return None
+    if not os.path.isfile(os.path.join(d, "summary.json")):
+        return "has no summary.json (a copy cut short, or edited)"
+    try:
+        summary, config = read_summary(d), read_json(os.path.join(d, "config.json"))
+        training.read_log(d)
+        for path in checkpoints_of(name, d):
+            runfiles.load_checkpoint(path)
+    except (OSError, ValueError) as e:
+        return f"cannot be read: {e}"
+    bad = [k for k in NUMBERS["source" if name in SOURCES else "arm"] if not finite(summary.get(k))]
+    if bad:
+        return f"holds no finite {bad[0]} in its summary.json ({summary.get(bad[0])!r})"
+    src = source_of(d)
+    if src and not os.path.isfile(os.path.join(src[0], "summary.json")):
+        return f"started from {src[0]}, which is not recorded here (nor where the record names it)"
+    return foreign(cfg, name, seed, config)
+
+
+def finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def checkpoints_of(name, d):
+    """The checkpoints of record d that must load: every one it holds, and spt_best.pt, which
+    every SPT-alone run writes and most arms start from."""
+    return [os.path.join(d, f) for f in sorted({f for f in os.listdir(d) if f.endswith(".pt")} |
+                                               ({"spt_best.pt"} if name in SOURCES else set()))]
+
+
+def foreign(cfg, name, seed, config):
+    """None when a record's config is the sweep's run's: the values of the flags the sweep
+    gives it and of its preset, and its start (the source record and checkpoint); else the
+    first that differs, in words. Where the data and the run lived may differ."""
+    from plumbing import spt_settings
+    flags = run_flags(name, seed, results_dir(cfg)) + more_flags(cfg, name)
+    want = expected_config(flags)
+    keys = set(given_keys(flags)) | set(spt_settings.preset_values(want["preset"], want["task"]))
+    for k in sorted(keys - {"out_dir", "overwrite", "init_from", "data_dir"}):
+        if k in config and config[k] != want[k]:
+            return f"was made with --{k}={config[k]}, where this sweep's {name} run has --{k}={want[k]}"
+    start = lambda path: path.replace(os.sep, "/").split("/")[-2:] if path else []
+    if start(config.get("init_from", "")) != start(want["init_from"]):
+        return (f"starts from {config.get('init_from') or 'scratch'}, where this sweep's {name} run starts from "
+                f"{want['init_from'] or 'scratch'}")
+    return None
+
+
+def expected_config(flags):
+    """train_spt.py's config of a run's flags under this code, before any check (a record's
+    start may lie on another machine)."""
+    from plumbing import spt_settings
+    import train_spt
+    return spt_settings.layered_config(train_spt.DEFAULTS, BASE + list(flags))
+
+
+def check_records(cfg):
+    """Refuse, before any work, records under --results that are not whole and this sweep's
+    own (record_problem), naming the first and what to do."""
+    for name in (*SOURCES, *ARMS):
+        for seed in seeds_of(cfg):
+            problem = record_problem(cfg, name, seed)
+            if problem:
+                raise ValueError(f"the record {folder(results_dir(cfg), name, seed)} {problem}. Nothing was done: "
+                                 f"restore it (git checkout), move it out of --results, or give the flags it was "
+                                 f"made with (--extra, --extra_spt), then run again")
+
+
+def seeds_of(cfg):
+    return [int(s) for s in cfg["seeds"].split(",")]
 
 
 def gate(cfg):
@@ -343,11 +519,20 @@ def gate(cfg):
     return None
 
 
+def gated(name):
+    """Whether the gate (the first seed's spt run taking off) holds this run back."""
+    return name not in UNGATED and name not in SOURCES
+
+
 def core_hours(cfg, name, seed):
     """Hours of one core a run has used: a recorded run's wall time; an unrecorded one's up
     to its last checkpoint (0 without one). A sweep that spans sessions spends its budget once."""
     if recorded(cfg, name, seed):
-        return read_summary(folder(results_dir(cfg), name, seed))["wall_time_s"] / 3600
+        try:
+            hours = read_summary(folder(results_dir(cfg), name, seed)).get("wall_time_s")
+        except ValueError:                               # a bad record: check_records names it
+            hours = None
+        return hours / 3600 if finite(hours) else 0.0
     path = os.path.join(folder(cfg["out"], name, seed), "ckpt.pt")
     if not os.path.exists(path):
         return 0.0
@@ -374,39 +559,180 @@ def command(cfg, name, seed):
     return py + run_flags(name, seed, results_dir(cfg)) + extra + [f"--out_dir={d}", "--overwrite=True"]
 
 
+# -----------------------------------------------------------------------------
+# Who runs a run: claims on the records, children that die with their driver
+
+def lock_file(path):
+    """An open file at path holding an exclusive flock, this pid written in it; None while
+    another process holds it. Its folder is made; one that cannot be written is one line."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:
+        raise PermissionError(f"{os.path.dirname(path)} cannot be written ({e.strerror}): the records go there; "
+                              f"give --results a folder that can be written") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def holder(path):
+    """The pid written in a lock file, for a message."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def claim(cfg, name, seed, tries=1):
+    """The run's claim, --results/.<run>.lock, held by whoever trains and records the run (its
+    child inherits it, so it lasts as long as the run does): the open file, or None while
+    another process holds it (tried `tries` times, 0.1 s apart)."""
+    path = os.path.join(results_dir(cfg), f".{name}_s{seed}.lock")
+    for i in range(tries):
+        held = lock_file(path)
+        if held is not None or i == tries - 1:
+            return held
+        time.sleep(0.1)
+
+
+def held_elsewhere(cfg, name, seed):
+    """Whether another process runs this run now: it holds the run's claim (a driver or `one`
+    on these records), or a train_spt.py writes into its folder (one an older driver left)."""
+    held = claim(cfg, name, seed)
+    if held is None:
+        return True
+    held.close()
+    return live(folder(cfg["out"], name, seed))
+
+
+def hold_driver(cfg):
+    """--results/.driver.lock, held while `run` drives the sweep: a second driver on the same
+    records is refused in one line."""
+    path = os.path.join(results_dir(cfg), ".driver.lock")
+    held = lock_file(path)
+    if held is None:
+        pid = holder(path)
+        raise FileExistsError(f"another lra_rescue.py run (pid {pid}) drives the records in {results_dir(cfg)}: "
+                              f"wait for it, or stop it (kill {pid}: its runs save their resume points) and run "
+                              f"this again, which resumes them")
+    return held
+
+
+def check_writable(where):
+    """--out, where the runs write their folders, can be written: one line before any work if not."""
+    try:
+        os.makedirs(where, exist_ok=True)
+        tempfile.TemporaryFile(dir=where).close()
+    except OSError as e:
+        raise PermissionError(f"--out={where} cannot be written ({e.strerror}): the runs write their folders "
+                              f"there; give a folder that can be written") from None
+
+
+def die_with_parent(driver):
+    """In a run's child, before train_spt.py starts: Linux sends it SIGTERM when the driver
+    dies, however it dies, SIGKILL included (PR_SET_PDEATHSIG), so it saves its resume point
+    and stops. Elsewhere the run is in the driver's process group, which a kill of it reaches."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))     # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != driver:                      # the driver died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def start_run(cfg, name, seed, held):
+    """One run as a child process, one thread, its output appended to <folder>.log; it
+    inherits the run's claim `held` and dies with its driver (die_with_parent)."""
+    d = folder(cfg["out"], name, seed)
+    os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
+    print(f"start: {d}", flush=True)
+    with open(d + ".log", "a") as log:
+        return subprocess.Popen(command(cfg, name, seed), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), pass_fds=(held.fileno(),),
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+
+def forward_stop(going, stopped):
+    """The driver's handler of a stop signal: note it in `stopped` and pass SIGTERM to each run
+    (it stops at the end of its step, resume point saved); the driver's loop then calls
+    stop_runs. The handler never waits: the signal may come while the loop polls a run,
+    holding the lock that waiting for it needs."""
+    def handler(signum, frame):
+        stopped.append(signum)
+        for p in list(going.values()):
+            p.send_signal(signal.SIGTERM)
+    return handler
+
+
+def stop_runs(going, signum):
+    """After a stop signal to the driver: pass SIGTERM to each run (again, for one started as
+    the signal came), wait for them, then stop with 128 + the signal's number. Run again, the
+    driver resumes them."""
+    for p in going.values():
+        p.send_signal(signal.SIGTERM)
+    for p in going.values():
+        p.wait()
+    print(f"stopped by signal {signum}: {len(going)} run(s) saved their resume point; run again to resume",
+          flush=True)
+    raise SystemExit(128 + signum)
+
+
+
+
+# -----------------------------------------------------------------------------
+# The three ways to run the sweep: the local driver, one run, the lines for a cluster
+
 def run(cfg):
     """Start every unrecorded run when its needs are recorded, cfg["slots"] at a time, until
-    the gate closes or the core-hour budget is spent; record each run as it finishes. A run
-    already going in another process (a driver stopped earlier left it running) takes a slot
-    and is never started twice; it is recorded when it ends. A stop signal to the driver
-    stops its runs too, each at the end of a step with its resume point saved."""
+    the gate closes or the core-hour budget is spent; record each run as it finishes. Refused
+    first: a record that is not whole or not this sweep's, a folder that cannot be written,
+    another driver on the same records. A run going in another process (its claim held, or
+    a driver stopped earlier left it running) takes a slot and is never started twice; it is
+    recorded when it ends. A stop signal to the driver stops its runs too, each at the end of
+    a step with its resume point saved; so does the driver's death (die_with_parent)."""
     if cfg["dry"]:
         for name, seed, _ in jobs(cfg):
             flags = run_flags(name, seed, results_dir(cfg)) + more_flags(cfg, name)
             print(" ".join(["python", "train_spt.py"] + flags + [f"--out_dir={folder(cfg['out'], name, seed)}"]))
         return
+    check_records(cfg)
+    check_writable(cfg["out"])
+    driver = hold_driver(cfg)
     record_finished(cfg)
     spent = {(n, s): core_hours(cfg, n, s) for n, s, _ in jobs(cfg)}   # renewed when a run ends
     announce(cfg, sum(spent.values()))
-    going, failed, started, stop, elsewhere = {}, set(), {}, gate(cfg), set()
-    handlers = {sig: signal.signal(sig, lambda signum, frame: stop_runs(going, signum)) for sig in STOP_SIGNALS}
+    going, claims, failed, started, stop, elsewhere, stopped = {}, {}, set(), {}, gate(cfg), set(), []
+    handlers = {sig: signal.signal(sig, forward_stop(going, stopped)) for sig in STOP_SIGNALS}
     try:
         while True:
             for key, p in list(going.items()):                      # first the runs that have ended
                 if p.poll() is not None:
                     del going[key], started[key]
                     d = folder(cfg["out"], *key)
-                    if os.path.exists(os.path.join(d, "summary.json")):
-                        record_finished(cfg)
-                        print(f"done: {d}", flush=True)
-                    else:
-                        failed.add(key)
-                        print(f"FAILED: {d} (see {d}.log)", flush=True)
+                    with claims.pop(key):                           # held until it is recorded
+                        if record_run(cfg, *key):
+                            print(f"done: {d}", flush=True)
+                        else:
+                            failed.add(key)
+                            print(f"FAILED: {d} (see {d}.log)", flush=True)
                     spent[key], stop = core_hours(cfg, *key), gate(cfg)    # judged again when a run ends
+            if stopped:
+                stop_runs(going, stopped[0])
             used = sum(h + (time.time() - started[k]) / 3600 if k in going else h for k, h in spent.items())
             todo = [(n, s, needs) for n, s, needs in jobs(cfg)
                     if not recorded(cfg, n, s) and (n, s) not in going and (n, s) not in failed]
-            now_elsewhere = {(n, s) for n, s, _ in todo if live(folder(cfg["out"], n, s))}
+            now_elsewhere = {(n, s) for n, s, _ in todo if held_elsewhere(cfg, n, s)}
             for key in sorted(now_elsewhere - elsewhere):
                 print(f"running elsewhere, not started again: {folder(cfg['out'], *key)}", flush=True)
             if elsewhere - now_elsewhere:                           # one of them has ended
@@ -418,45 +744,102 @@ def run(cfg):
             if used >= cfg["max_core_hours"]:
                 ready = []
             if stop:
-                ready = [(n, s) for n, s in ready if n in UNGATED or n in SOURCES]
+                ready = [(n, s) for n, s in ready if not gated(n)]
             for name, seed in ready[:max(0, cfg["slots"] - len(going) - len(elsewhere))]:
-                going[name, seed], started[name, seed] = start_run(cfg, name, seed), time.time()
+                held = claim(cfg, name, seed)
+                if held is not None:                                # else taken a moment ago: next round
+                    claims[name, seed] = held
+                    going[name, seed], started[name, seed] = start_run(cfg, name, seed, held), time.time()
             if not going and not elsewhere:
                 break
             time.sleep(2)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        driver.close()
     left = [(n, s) for n, s, _ in jobs(cfg) if not recorded(cfg, n, s)]
     print(stop or (f"the budget of {cfg['max_core_hours']:g} core-hours is spent" if left and used >=
                         cfg["max_core_hours"] else ""))
     print(f"{len(left)} runs not recorded" if left else "every run recorded")
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def start_run(cfg, name, seed):
-    """One run as a child process, one thread, its output appended to <folder>.log."""
-    d = folder(cfg["out"], name, seed)
-    os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
-    print(f"start: {d}", flush=True)
-    with open(d + ".log", "a") as log:
-        return subprocess.Popen(command(cfg, name, seed), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
-
-
-def stop_runs(going, signum):
-    """A stop signal to the driver: pass SIGTERM to each run (it stops at the end of its
-    step, resume point saved), wait for them, then stop with 128 + the signal's number.
-    Run again, the driver resumes them."""
-    for p in going.values():
-        p.send_signal(signal.SIGTERM)
-    for p in going.values():
+def one(cfg):
+    """One run of the sweep, --run=NAME_sSEED, trained and recorded as `run` does it (resumed
+    from its ckpt.pt when it was stopped): what each line of `commands` says. Refused in one
+    line, before any work, when it is not a run of the sweep (--arms, --seeds), a run it
+    needs is not recorded, the gate holds it, or another process runs it; a run recorded
+    already is passed over, so a job array can be sent again."""
+    name, seed, needs = find_job(cfg)
+    check_records(cfg)
+    record, d = folder(results_dir(cfg), name, seed), folder(cfg["out"], name, seed)
+    if recorded(cfg, name, seed):
+        return print(f"recorded already: {record}")
+    missing = [k for k in needs if not recorded(cfg, *k)]
+    if missing:
+        raise FileNotFoundError(f"{cfg['run']} needs {folder(results_dir(cfg), *missing[0])}, which is not recorded "
+                                f"yet: run the lines of wave {waves(cfg)[missing[0]]} first (python "
+                                f"tools/lra_rescue.py commands --wave={waves(cfg)[missing[0]]})")
+    if gated(name) and gate(cfg):
+        raise ValueError(gate(cfg))
+    check_writable(cfg["out"])
+    held = claim(cfg, name, seed, tries=20)
+    if held is None or live(d):
+        raise FileExistsError(f"{cfg['run']} is being run by another process (pid "
+                              f"{holder(os.path.join(results_dir(cfg), f'.{name}_s{seed}.lock'))}): wait for it; "
+                              f"its record goes to {record}")
+    going, stopped = {(name, seed): start_run(cfg, name, seed, held)}, []
+    handlers = {sig: signal.signal(sig, forward_stop(going, stopped)) for sig in STOP_SIGNALS}
+    try:
+        p = going[name, seed]
         p.wait()
-    print(f"stopped by signal {signum}: {len(going)} run(s) saved their resume point; run again to resume",
-          flush=True)
-    raise SystemExit(128 + signum)
+        kept = record_run(cfg, name, seed)
+        if stopped:
+            stop_runs(going, stopped[0])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if kept is None:
+        raise SystemExit(f"error: {d} ended without its summary.json (exit {p.returncode}): see {d}.log; this "
+                         f"line resumes it")
+
+
+def find_job(cfg):
+    """(name, seed, needs) of --run=NAME_sSEED among the sweep's runs."""
+    found = [job for job in jobs(cfg) if f"{job[0]}_s{job[1]}" == cfg["run"]]
+    if not found:
+        raise ValueError(f"--run={cfg['run']} is not a run of this sweep (--arms={cfg['arms']} --seeds="
+                         f"{cfg['seeds']}); python tools/lra_rescue.py commands prints its runs")
+    return found[0]
+
+
+def waves(cfg):
+    """{(name, seed): wave}: 1 for a run that needs none, else one more than the latest of its
+    needs, recorded or not, so that no run needs a run of its own wave."""
+    needs = {(n, s): k for n, s, k in jobs(cfg)}
+
+    def wave(key):
+        return 1 + max((wave(k) for k in needs.get(key, ())), default=0)
+    return {key: wave(key) for key in needs}
+
+
+def commands(cfg):
+    """Print the `one` line of every unrecorded run, wave by wave (--wave=N: that wave's
+    only), and on stderr how many each wave holds: the runs `run` would start, with its
+    train_spt.py flags (a gate that holds leaves out the arms it gates). Returns the lines."""
+    check_records(cfg)
+    wave, holds = waves(cfg), gate(cfg)
+    todo = sorted([(wave[n, s], n, s) for n, s, _ in jobs(cfg)
+                   if not recorded(cfg, n, s) and not (holds and gated(n))], key=lambda t: t[0])
+    flags = [f"--{k}={cfg[k]}" for k in ("arms", "seeds", "out", "results", "extra", "extra_spt")
+             if cfg[k] != DEFAULTS[k]]
+    lines = [shlex.join(["python", "tools/lra_rescue.py", "one", f"--run={n}_s{s}", *flags])
+             for w, n, s in todo if cfg["wave"] in (0, w)]
+    if lines:
+        print("\n".join(lines))
+    per_wave = {w: sum(1 for t in todo if t[0] == w) for w in sorted({t[0] for t in todo})}
+    print(f"{len(lines)} lines; unrecorded runs by wave: {per_wave or 'none'}" + (f"; {holds}" if holds else ""),
+          file=sys.stderr)
+    return lines
 
 
 # -----------------------------------------------------------------------------
@@ -485,6 +868,9 @@ def run_epochs(name):
 def progress(cfg, name, seed):
     """(state, epochs done) of one run; epochs count SPT's too."""
     from plumbing import training
+    problem = record_problem(cfg, name, seed)
+    if problem:
+        return f"bad record: it {problem}", 0
     if recorded(cfg, name, seed):
         return "recorded", run_epochs(name)
     d = folder(cfg["out"], name, seed)
@@ -532,7 +918,8 @@ def status(cfg):
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
     first = f"spt_s{cfg['seeds'].split(',')[0]}"
-    rows.append(gate(cfg) or (f"gate: open, {first} took off" if recorded(cfg, "spt", int(first[5:])) else
+    rows.append(f"gate: not judged, {first}'s record is bad" if record_problem(cfg, "spt", int(first[5:])) else
+                gate(cfg) or (f"gate: open, {first} took off" if recorded(cfg, "spt", int(first[5:])) else
                               f"gate: waits for {first} to be recorded"))
     text = "\n".join(rows)
     print(text)
@@ -707,6 +1094,9 @@ def verdicts(cfg, runs, offs, n, share):
 
 
 def report(cfg):
+    """rescue.md (the tables and verdicts) and the figures, from the records alone; refused
+    before any output when a record is not whole or not this sweep's (check_records)."""
+    check_records(cfg)
     runs = gather(cfg)
     if not runs:
         raise FileNotFoundError(f"no recorded arm run under {results_dir(cfg)}; start them with: "
@@ -842,14 +1232,19 @@ def plot_maps(first, path):
 
 def main(argv=None):
     cfg = configure(DEFAULTS, sys.argv[1:] if argv is None else argv, __doc__)
-    if cfg["action"] not in ("run", "record", "report", "status"):
-        raise ValueError(f"--action={cfg['action']}: choose run, record, report or status")
+    actions = {"run": run, "one": one, "commands": commands, "record": record, "report": report, "status": status}
+    if cfg["action"] not in actions:
+        raise ValueError(f"--action={cfg['action']}: choose {', '.join(actions)}")
+    if cfg["action"] == "one" and not cfg["run"]:
+        raise ValueError("one: give the run, e.g. --run=qk_s2 (python tools/lra_rescue.py commands prints each line)")
+    if cfg["wave"] < 0:
+        raise ValueError(f"--wave={cfg['wave']}: give a wave (1, 2, 3) or 0 for all")
     if cfg["slots"] < 1:
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
         raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
     arm_list(cfg)
-    return {"run": run, "record": record_finished, "report": report, "status": status}[cfg["action"]](cfg)
+    return actions[cfg["action"]](cfg)
 
 
 if __name__ == "__main__":

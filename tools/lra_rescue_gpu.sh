@@ -22,15 +22,15 @@ mkdir -p "$RUNS"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || echo "no nvidia-smi: the runs use what device=auto finds"
 
-ARGS=(--out="$RUNS" --results="$RECORDS" --arms="${ARMS:-spt,qk,mlp,short1,short5,cross,frozen}" --seeds="${SEEDS:-0,1,2}")
-timeout "$LIMIT" python tools/lra_rescue.py run "${ARGS[@]}" --slots=6 --max_core_hours=100 \
-    --extra="${EXTRA:-}" --extra_spt="${EXTRA_SPT:-}" 2>&1 | tee "$RUNS/sweep.log"
+ARGS=(--out="$RUNS" --results="$RECORDS" --arms="${ARMS:-spt,qk,mlp,short1,short5,cross,frozen}" --seeds="${SEEDS:-0,1,2}"
+      --extra="${EXTRA:-}" --extra_spt="${EXTRA_SPT:-}")    # report checks each record against these flags
+timeout "$LIMIT" python tools/lra_rescue.py run "${ARGS[@]}" --slots=6 --max_core_hours=100 2>&1 | tee "$RUNS/sweep.log"
 if [ "${PIPESTATUS[0]}" = 124 ]; then
     for _ in $(seq 60); do pgrep -f "train_spt.py.*$RUNS/" > /dev/null || break; sleep 1; done   # saving
     echo "stopped at ${LIMIT} s: run this script again on this machine to resume"
 fi
 python tools/lra_rescue.py status "${ARGS[@]}" --max_core_hours=100 | tee "$RUNS/status.txt"
-python tools/lra_rescue.py report "${ARGS[@]}" > /dev/null 2>&1 || echo "no recorded run to table yet"
+python tools/lra_rescue.py report "${ARGS[@]}" > /dev/null || echo "no table: see the line above"
 
 if [ -n "${OUT:-}" ]; then
     for f in rescue.md rescue_curves.png rescue_attention_2d.png status.txt sweep.log; do
