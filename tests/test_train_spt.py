@@ -54,6 +54,7 @@ def spt_vs_scratch(tmp_path_factory):
     return base, spt, scratch
 
 
+@pytest.mark.xdist_group("spt_vs_scratch")   # one worker trains the pair once
 def test_spt_then_finetune_beats_training_from_scratch(spt_vs_scratch):
     _, spt, scratch = spt_vs_scratch
     assert scratch["best_val_acc"] < 0.60                  # label supervision alone: near chance
@@ -62,6 +63,7 @@ def test_spt_then_finetune_beats_training_from_scratch(spt_vs_scratch):
     assert spt["steps"] == scratch["steps"] == 600
 
 
+@pytest.mark.xdist_group("spt_vs_scratch")   # one worker trains the pair once
 def test_spt_recovers_proximity_attention(spt_vs_scratch):
     base, spt, scratch = spt_vs_scratch
     uniform = spt["mass_w2_uniform"]
@@ -74,6 +76,7 @@ def test_spt_recovers_proximity_attention(spt_vs_scratch):
         assert os.path.getsize(base / "spt" / name) > 0, name
 
 
+@pytest.mark.xdist_group("spt_vs_scratch")   # one worker trains the pair once
 def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
     base, _, _ = spt_vs_scratch
     table = train_spt.main([f"--report={base}"])
@@ -98,6 +101,7 @@ def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["frozen"] == len(attn) == 8
 
 
+@pytest.mark.xdist_group("spt_vs_scratch")   # one worker trains the pair once
 def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
     base, _, _ = spt_vs_scratch
     cfg = spt_config(TINY)
