@@ -18,6 +18,7 @@ context-free loss).
 
 import ast
 import os
+import platform
 import sysconfig
 
 import numpy as np
@@ -64,10 +65,13 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 def prepare_stdlib(data_dir, root=None):
     """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
     representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
-    A sidecar stdlib.json holds the recipe version and each file's sha256 (data_lra.write_sidecar);
-    a cache that disagrees with it (truncated, edited, older) is rebuilt."""
+    A sidecar stdlib.json holds the recipe version, the source folder and the Python version
+    (another Python's docstrings differ) and each file's sha256 (data_lra.write_sidecar); a
+    cache that disagrees with it (truncated, edited, older, of another Python) is rebuilt."""
     paths = [os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")]
-    sidecar, key = os.path.join(data_dir, "stdlib.json"), dict(corpus="stdlib", version=STDLIB_VERSION)
+    source = os.path.abspath(root or sysconfig.get_paths()["stdlib"])
+    key = dict(corpus="stdlib", version=STDLIB_VERSION, source=source, python=platform.python_version())
+    sidecar = os.path.join(data_dir, "stdlib.json")
     with data_lra.cache_lock(sidecar):                          # a second run at once waits, then reads it
         if not data_lra.sidecar_matches(sidecar, key, paths):
             docs = stdlib_docstrings(root)

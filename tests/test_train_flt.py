@@ -182,6 +182,14 @@ def test_stdlib_cache_is_reused_and_rebuilt_when_damaged_or_of_another_format(tm
         damage()
         assert all(map(np.array_equal, corpora.prepare_stdlib(str(cache), root=str(root)), (train, val)))
     assert len(gathered) == 2
+    monkeypatch.setattr(corpora.platform, "python_version", lambda: "3.99.0")   # another Python's docstrings
+    corpora.prepare_stdlib(str(cache), root=str(root))
+    other = tmp_path / "other_lib"                                   # another source folder
+    other.mkdir()
+    corpora.prepare_stdlib(str(cache), root=str(other))
+    assert gathered == [str(root)] * 3 + [str(other)]
+    corpora.prepare_stdlib(str(cache), root=str(other))
+    assert len(gathered) == 4                                        # and the rebuilt cache is read again
 
 
 def test_the_residual_figure_leaves_a_cell_without_a_run_blank(tmp_path, text_file, monkeypatch):
