@@ -828,7 +828,7 @@ def six_driver(results, work):
         not os.path.isfile(f"{work}/st_res/spt_s0/summary.json"))
     # a cluster's lines: a wave-2 line run before wave 1 is refused
     rc, o = run(RESCUE, ["commands", *sweep(work, "cl")], work)
-    lines = [line for line in o.splitlines() if line.startswith("python tools/lra_rescue.py one")]
+    lines = [line.split(" && ", 1)[-1] for line in o.splitlines() if "python tools/lra_rescue.py one" in line]
     rc2, o2 = run(RESCUE, shlex.split(lines[1])[2:], work) if len(lines) == 3 else (1, f"not 3 lines: {o}")
     results["6 commands, then a wave-2 line before wave 1"] = classify(
         rc2, o2, wrong=not one_line_error(rc2, o2) or "not recorded yet: run the lines of wave 1 first" not in o2)

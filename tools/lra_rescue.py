@@ -832,8 +832,8 @@ def commands(cfg):
                    if not recorded(cfg, n, s) and not (holds and gated(n))], key=lambda t: t[0])
     flags = [f"--{k}={cfg[k]}" for k in ("arms", "seeds", "out", "results", "extra", "extra_spt")
              if cfg[k] != DEFAULTS[k]]
-    lines = [shlex.join(["python", "tools/lra_rescue.py", "one", f"--run={n}_s{s}", *flags])
-             for w, n, s in todo if cfg["wave"] in (0, w)]
+    lines = [f"cd {shlex.quote(ROOT)} && " + shlex.join(["python", "tools/lra_rescue.py", "one", f"--run={n}_s{s}", *flags])
+             for w, n, s in todo if cfg["wave"] in (0, w)]             # cd: a job starts in any folder
     if lines:
         print("\n".join(lines))
     per_wave = {w: sum(1 for t in todo if t[0] == w) for w in sorted({t[0] for t in todo})}
