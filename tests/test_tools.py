@@ -690,7 +690,7 @@ def test_commands_prints_exactly_the_runs_run_starts_wave_by_wave(tmp_path, fake
     capsys.readouterr()
     lines = rescue.main(["--action=commands", *sweep_args(tmp_path / "cluster")])
     waves = rescue.waves(dict(rescue.DEFAULTS, seeds="0,1"))
-    assert all(line.startswith(f"cd {rescue.ROOT} && python tools/lra_rescue.py one ") for line in lines)
+    assert all(line.startswith(f"cd {shlex.quote(rescue.ROOT)} && python tools/lra_rescue.py one ") for line in lines)
     lines = [line.split(" && ", 1)[1] for line in lines]           # a job starts in any folder: each line cds first
     run_of = lambda line: shlex.split(line)[3][len("--run="):].rsplit("_s", 1)
     wave_of = {line: waves[run_of(line)[0], int(run_of(line)[1])] for line in lines}
