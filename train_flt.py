@@ -31,7 +31,7 @@ from plumbing import cost, flt_report
 from plumbing.flt_run import StepLedger, evaluate_checkpoint, finish, load_data_rank0_first
 from plumbing.flt_settings import get_config, model_args, resume_config
 from plumbing.training import Run, Schedule, grad_sync, wrap
-from stability import BlockGradRecorder, grad_norm, gradient_statistics, outcome, residual_statistics
+from stability import BlockGradRecorder, grad_norm, gradient_statistics, judge_curves, residual_statistics
 
 # -----------------------------------------------------------------------------
 # The flags that shape the experiment, each a --key=value flag (--help lists them). Their
@@ -281,9 +281,8 @@ def summarize(run, raw, data, nan_stop, curve, records):
     h_unigram = unigram_entropy(data["train"], data["vocab"])
     final_val = curve["loss"][K - 1] if curve else float("nan")
     ref = flt_report.reference_fields(cfg["reference"], val, final_val, h_unigram) if cfg["reference"] else {}
-    at = ref.get("reference_val_steps", sorted(val))                  # with a reference: the steps both have
-    verdict, reason = outcome([val[k] for k in at] if math.isfinite(final_val) else [], h_unigram,
-                              ref.get("reference_val_curve"))          # THE rule: diverged ... learned
+    ref_curve = dict(zip(ref["reference_val_steps"], ref["reference_val_curve"])) if ref else None
+    verdict, reason = judge_curves(val, ref_curve, final_val, h_unigram)   # THE rule, outcome: diverged ... learned
     out = {
         "variant": cfg["variant"], "n_loops": K, "n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"],
         "loss_type": cfg["loss_type"], "params": raw.num_params(), "steps": len(steps),
