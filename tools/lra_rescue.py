@@ -135,6 +135,7 @@ ARMS = {
     "spt_torch": (("torch_pretrain", "spt_best.pt", "all"), ["--init=torch"]),
     "scratch_torch": (None, ["--init=torch"]),
 }
+RATED = ("spt", "qk", "attn", "mlp", "frozen")   # the arms the rate rule is asked about, each against scratch
 UNGATED = ("spt", "scratch")     # the arms that run before the first spt seed is judged
 KEPT = ("summary.json", "log.jsonl", "command.txt", "config.json", "val.json", "finetune_best.pt", "spt_best.pt")
 
@@ -242,7 +243,8 @@ def rate_table(runs, offs, base=SCRATCH):
     ones: k of n took off with its exact 95% interval, the Kaplan-Meier median take-off
     epoch (labelled epochs; a stuck seed censored at its arm's last epoch), the test
     accuracy of the seeds that took off and of all seeds, the one-sided Fisher p of "takes
-    off more often than scratch" with the verdict, and the log-rank test of "earlier"."""
+    off more often than scratch" with the verdict, and the log-rank test of "earlier". An
+    arm of RATED without a record gets a row that says so, not silence."""
     import rates
     lines = ["| arm | took off | 95% interval | median take-off epoch | test acc, seeds off | test acc, all | "
              "against recorded scratch: Fisher p (more often), verdict | log-rank z, p (earlier) |",
@@ -261,6 +263,7 @@ def rate_table(runs, offs, base=SCRATCH):
             early = f"{z:+.2f}, {p:.3f}"
         lines.append(f"| {arm} | {r['k']} of {r['n']} | {r['lo']:.2f}-{r['hi']:.2f} | {median} | "
                      f"{ms(r['acc_off'])} | {ms(acc[arm])} | {against} | {early} |")
+    lines += [f"| {arm} | not recorded here | - | - | - | - | - | - |" for arm in RATED if arm not in runs]
     return "\n".join(lines)
 
 
