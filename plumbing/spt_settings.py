@@ -99,7 +99,8 @@ PRESETS = {
     # from-scratch run starts as the shorter one. SPT 11 epochs (2,750 steps) at 3e-3, then
     # finetuning 16 epochs (4,000 steps) at 1e-3: a seed-0 probe took off in its 7th epoch.
     # float32: the probe's dtype, and one dtype for every seed and every machine of a sweep.
-    # About 3 h a run on one core of a Zen 5 EPYC, two runs side by side (1.3 s a step, then evaluations).
+    # About 3 h a run on one core, two runs side by side: 1.3 s a step on a Zen 5 EPYC, 1.76 s (3.3 h
+    # a scratch run) on a Zen 3 EPYC without AVX-512 (REPORT.md, take-off rates).
     "cpu_rescue": {
         "*": dict(schedule="constant", pretrain_schedule="constant", warmup_steps=0, pretrain_warmup_steps=0,
                   warmup_frac=0.05, grad_clip=1.0, patience=0, dtype="float32"),
