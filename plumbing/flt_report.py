@@ -13,6 +13,7 @@ The figures and the table:
   flt_test_time_loops.png  val loss after 1, 2, ... inference loops (the test-time loop curve)
   flt_residual_norm.png    the residual norm of every loop over training, a panel per (variant, K)
   flt_map_<recipe>.png     the stability map: final val loss over K x lr multiplier, collapses marked
+  flt_ladder_<recipe>.png  the loop ladder: final val loss against K, a colour per variant, a dot per seed
   compare.md               the tables: one row per finished run; then per (recipe, variant, K, lr),
                            over seeds: the mean and spread (with grad volatility, grad dlog ac1
                            and grad zigzag side by side), the gap to FLT paired by seed, the
@@ -84,7 +85,8 @@ def compare(dirs, out_dir=None):
     out = out_dir or COMPARE_DIR
     recipes = {load_run(d).cfg["optim"] for d in dirs}
     outputs = runfiles.claim_outputs(out, "train_flt.py --compare", ("compare.md", *CURVES,
-                                                                     *(f"flt_map_{o}.png" for o in recipes)))
+                                                                     *(f"flt_map_{o}.png" for o in recipes),
+                                                                     *(f"flt_ladder_{o}.png" for o in recipes)))
     try:
         return plot_runs(dirs, out)
     finally:
@@ -135,8 +137,9 @@ def plot_runs(dirs, out_dir, quiet=False):
            draw_test_time_loops, xlabel="inference loops")
     draw_residual_norms(plt, runs, variants, Ks, out_dir)
     for optim in sorted(set(r.cfg["optim"] for r in runs)):
-        draw_stability_map(plt, [r for r in runs if r.cfg["optim"] == optim and r.summary],
-                           optim, variants, Ks, out_dir)
+        finished = [r for r in runs if r.cfg["optim"] == optim and r.summary]
+        draw_stability_map(plt, finished, optim, variants, Ks, out_dir)
+        draw_ladder(plt, finished, optim, colour, out_dir)
     rows = compare_table(runs)
     tables = [rows, seed_table(runs), paired_table(runs), separation_table(runs), residual_table(runs),
               grad_window_table(runs), grad_flow_table(runs), grad_flow_table(runs, "attn")] + [
@@ -145,7 +148,8 @@ def plot_runs(dirs, out_dir, quiet=False):
     runfiles.write_file(os.path.join(out_dir, "compare.md"), "\n\n".join("\n".join(t) for t in tables) + "\n")
     if not quiet:
         print("\n".join(rows))
-        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in CURVES)}, flt_map_<recipe>.png")
+        print(f"figures: {', '.join(os.path.join(out_dir, n) for n in CURVES)}, flt_map_<recipe>.png, "
+              f"flt_ladder_<recipe>.png")
     return rows
 
 
@@ -314,6 +318,37 @@ def draw_stability_map(plt, runs, optim, variants, Ks, out_dir):
     fig.suptitle(f"final val loss, recipe {optim} (D did not learn, C collapsed, L lagging, vs the 1-loop run)", fontsize=9)
     fig.tight_layout()
     save_figure(plt, fig, os.path.join(out_dir, f"flt_map_{optim}.png"), dpi=90)
+
+
+def draw_ladder(plt, runs, optim, colour, out_dir):
+    """The loop ladder of one recipe at its own learning rate (lr multiplier 1): final val
+    loss against the trained loop count K, a colour per variant, a dot per seed (nudged
+    sideways so that seeds and variants do not hide each other), a line through the seeds'
+    mean; x marks a seed that stability.outcome calls collapsed or did not learn. The
+    1-loop reference is grey at K=1 (one model for every variant there)."""
+    runs = [r for r in runs if r.cfg.get("lr_mult", 1.0) == 1.0 and math.isfinite(r.summary["final_val_loss"])]
+    Ks = sorted(set(r.cfg["n_loops"] for r in runs))
+    variants = list(dict.fromkeys(r.cfg["variant"] for r in runs if r.cfg["n_loops"] > 1))
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for i, v in enumerate(["1-loop"] + variants):
+        cell = [r for r in runs if (r.cfg["n_loops"] == 1) == (v == "1-loop") and (v == "1-loop" or r.cfg["variant"] == v)]
+        c = "grey" if v == "1-loop" else colour[v]
+        nudge = 0.06 * (i - len(variants) / 2)
+        for r in cell:
+            bad = r.summary.get("outcome") in ("collapsed", "did not learn")
+            ax.plot(Ks.index(r.cfg["n_loops"]) + nudge, r.summary["final_val_loss"], "x" if bad else "o",
+                    color=c, ms=5 if bad else 3.5, alpha=0.8)
+        own = sorted(set(r.cfg["n_loops"] for r in cell))
+        means = [np.mean([r.summary["final_val_loss"] for r in cell if r.cfg["n_loops"] == K]) for K in own]
+        ax.plot([Ks.index(K) + nudge for K in own], means, "-", color=c, lw=1, label=v)
+    ax.set_xticks(range(len(Ks)), Ks)
+    ax.set_xlabel("loops K (trained)")
+    ax.set_ylabel("final val loss (nats / token)")
+    ax.set_title(f"the loop ladder, recipe {optim}: a dot per seed, x collapsed or did not learn", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(plt, fig, os.path.join(out_dir, f"flt_ladder_{optim}.png"), dpi=90)
 
 
 # --- the table ----------------------------------------------------------------------

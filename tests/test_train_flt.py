@@ -228,7 +228,7 @@ def test_compare_draws_figures_from_finished_runs(tmp_path, text_file):
     rows = train_flt.main([f"--compare={a},{b}", f"--out_dir={figs}"])
     assert len(rows) == 4 and "| LT | 2 |" in rows[2] and "| FLT | 3 |" in rows[3]
     for png in ("flt_loss.png", "flt_grad_norm.png", "flt_residual_norm.png", "flt_test_time_loops.png",
-                "flt_map_muon.png"):                                  # the stability map of the default recipe
+                "flt_map_muon.png", "flt_ladder_muon.png"):           # the map and the ladder of the default recipe
         assert os.path.getsize(os.path.join(figs, png)) > 1000
     tables = open(os.path.join(figs, "compare.md")).read()
     for header in ("| grad dlog ac1 | grad zigzag |", "minus its reference (paired)", "minus FLT's (paired by seed)",
