@@ -532,6 +532,29 @@ def test_rescue_gpu_script_stops_at_its_limit_then_resumes_and_hands_back_its_fi
 
 
 @pytest.mark.slow
+def test_rescue_gpu_probe_counts_the_steps_of_runs_at_once_and_names_the_best_count(tmp_path):
+    """tools/lra_rescue_gpu.sh probe on the CPU with tiny runs, 1 then 2 at once: a row a
+    count with the steps all runs made in the timed window, and the count to adopt."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    repo = tmp_path / "repo"
+    shutil.copytree(rescue.ROOT, repo, ignore=shutil.ignore_patterns("out*", "data", ".git", "__pycache__"))
+    out = tmp_path / "back"
+    out.mkdir()
+    extra = f"--n_generate=600 --data_dir={tmp_path / 'data'} --n_embd=16 --n_head=2 --batch_size=8 --log_every=1"
+    env = dict(os.environ, EXTRA=extra, OUT=str(out), COUNTS="1 2", WARM="4")
+    done = subprocess.run(["bash", "tools/lra_rescue_gpu.sh", "probe", "10"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \|$", (out / "probe.md").read_text(), re.M)
+    assert [r[0] for r in rows] == ["1", "2"] and all(float(r[1]) > 0 for r in rows), done.stdout + done.stderr
+    best = max(rows, key=lambda r: float(r[1]))[0]
+    assert f"the most runs an hour: {best} at once (SLOTS={best})" in done.stdout
+    assert not list((repo / "out" / "rescue_gpu" / "probe").glob("r*/summary.json"))   # stopped, not finished
+
+
+@pytest.mark.slow
 def test_rescue_runs_small_records_each_run_then_reports_from_the_records(tmp_path, capsys):
     tiny = (f"--n_generate=200 --data_dir={tmp_path / 'data'} --n_train=16 --n_eval=16 --n_embd=16 --n_head=2 "
             "--batch_size=8 --log_every=1 --dtype=float32")          # finetuning: 16 epochs of 2 steps
