@@ -375,7 +375,7 @@ def test_rescue_report_rebuilds_the_rate_table_and_figure_from_recorded_scratch_
     text = rescue.main(["--action=report", f"--out={out}", f"--results={results}"])
     rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ") and " of 3 |" in line}
     assert "| 3 of 3 | 0.29-1.00 | 2 |" in rows["spt"] and "0.200, **not separated**" in rows["spt"]
-    assert "| 1 of 3 | 0.01-0.91 | > 27 (not reached) |" in rows["scratch"]
+    assert "| 1 of 3 | 0.01-0.91 | > 27 (not reached) | 0.660 (one seed) |" in rows["scratch"]   # no ± 0.000
     assert "| attn | not recorded here | - |" in text and "| frozen | not recorded here | - |" in text
     assert "| qk | not recorded here |" not in text
     assert "take two's three seeds, transcribed" not in text and "scratch: 1 of 3 seeds took off" in text

@@ -1026,8 +1026,10 @@ def spt_at(d):
 
 
 def ms(v):
-    """mean ± sd over seeds (n - 1), or '-'."""
-    return f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if len(v) else "-"
+    """mean ± sd over seeds (n - 1); 'v (one seed)', which has no spread; or '-'."""
+    if len(v) == 1:
+        return f"{v[0]:.3f} (one seed)"
+    return f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) else "-"
 
 
 def table(runs, offs, n):
