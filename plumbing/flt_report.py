@@ -326,21 +326,22 @@ def draw_ladder(plt, runs, optim, colour, out_dir):
     sideways so that seeds and variants do not hide each other), a line through the seeds'
     mean; x marks a seed that stability.outcome calls collapsed or did not learn. The
     1-loop reference is grey at K=1 (one model for every variant there)."""
-    runs = [r for r in runs if r.cfg.get("lr_mult", 1.0) == 1.0 and math.isfinite(r.summary["final_val_loss"])]
-    Ks = sorted(set(r.cfg["n_loops"] for r in runs))
-    variants = list(dict.fromkeys(r.cfg["variant"] for r in runs if r.cfg["n_loops"] > 1))
+    series = {}                                    # variant ('1-loop' at K=1): {K: its seeds' runs}
+    for (_, _, variant, K, lrm), cell in by_cell(runs).items():
+        if lrm == 1.0:
+            series.setdefault(variant, {})[K] = [r for r in cell if math.isfinite(r.summary["final_val_loss"])]
+    Ks = sorted({K for by_K in series.values() for K in by_K})
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
-    for i, v in enumerate(["1-loop"] + variants):
-        cell = [r for r in runs if (r.cfg["n_loops"] == 1) == (v == "1-loop") and (v == "1-loop" or r.cfg["variant"] == v)]
+    for i, (v, by_K) in enumerate(series.items()):
         c = "grey" if v == "1-loop" else colour[v]
-        nudge = 0.06 * (i - len(variants) / 2)
-        for r in cell:
-            bad = r.summary.get("outcome") in ("collapsed", "did not learn")
-            ax.plot(Ks.index(r.cfg["n_loops"]) + nudge, r.summary["final_val_loss"], "x" if bad else "o",
-                    color=c, ms=5 if bad else 3.5, alpha=0.8)
-        own = sorted(set(r.cfg["n_loops"] for r in cell))
-        means = [np.mean([r.summary["final_val_loss"] for r in cell if r.cfg["n_loops"] == K]) for K in own]
-        ax.plot([Ks.index(K) + nudge for K in own], means, "-", color=c, lw=1, label=v)
+        x = {K: Ks.index(K) + 0.06 * (i - len(series) / 2) for K in by_K}
+        for K, cell in by_K.items():
+            for r in cell:
+                bad = r.summary.get("outcome") in ("collapsed", "did not learn")
+                ax.plot(x[K], r.summary["final_val_loss"], "x" if bad else "o", color=c, ms=5 if bad else 3.5, alpha=0.8)
+        means = [(x[K], np.mean([r.summary["final_val_loss"] for r in cell])) for K, cell in sorted(by_K.items()) if cell]
+        if means:
+            ax.plot(*zip(*means), "-", color=c, lw=1, label=v)
     ax.set_xticks(range(len(Ks)), Ks)
     ax.set_xlabel("loops K (trained)")
     ax.set_ylabel("final val loss (nats / token)")
