@@ -380,6 +380,12 @@ def test_rescue_report_rebuilds_the_rate_table_and_figure_from_recorded_scratch_
     assert "| qk | not recorded here |" not in text
     assert "take two's three seeds, transcribed" not in text and "scratch: 1 of 3 seeds took off" in text
     assert (out / "rescue_take_offs.png").stat().st_size > 10_000
+    assert "not read here" not in text
+    fake_record(results / "scratch_s3", 0.52, accs=(0.517, 0.483))             # a seed run later
+    text = rescue.main(["--action=report", f"--out={out}", f"--results={results}"])
+    assert "recorded, not read here (outside --seeds=0,1,2): scratch_s3" in text and "1 of 3 |" in text
+    text = rescue.main(["--action=report", "--seeds=0,1,2,3", f"--out={out}", f"--results={results}"])
+    assert "not read here" not in text and "| 1 of 4 | 0.01-0.81 |" in text
 
 def test_rescue_report_of_a_replica_without_scratch_reads_take_two_from_the_repository(tmp_path):
     """The GPU replica's results folder holds no scratch arm and no take_two.json: its

@@ -959,6 +959,15 @@ def gather(cfg):
                             for s in seeds if recorded(cfg, arm, s)])}
 
 
+def unread_records(cfg):
+    """The records under --results of this sweep's arms whose seed is not in --seeds: the
+    tables leave them out, and say so, so that a seed run later is never silently unread."""
+    seeds, where = {int(x) for x in cfg["seeds"].split(",")}, results_dir(cfg)
+    found = [d.rsplit("_s", 1) for d in (os.listdir(where) if os.path.isdir(where) else []) if "_s" in d]
+    found = sorted((name, int(s)) for name, s in found if (name in ARMS or name in SOURCES) and s.isdigit())
+    return [f"{name}_s{s}" for name, s in found if s not in seeds and recorded(cfg, name, s)]
+
+
 def take_two(cfg):
     """A9's take-two seeds as transcribed into results/rescue/take_two.json (their run
     folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}, or {}. A results
@@ -1110,6 +1119,8 @@ def report(cfg):
     offs = take_offs(runs, n, share)
     rate = rate_table(runs, offs) if SCRATCH in runs else "take-off rates: no recorded scratch seed, no rate verdict"
     text = f"{table(runs, offs, n)}\n\n{source_table(cfg)}\n\n{verdicts(cfg, runs, offs, n, share)}\n\n{rate}\n"
+    if unread := unread_records(cfg):
+        text += f"\nrecorded, not read here (outside --seeds={cfg['seeds']}): {', '.join(unread)}\n"
     print(text)
     os.makedirs(cfg["out"], exist_ok=True)
     with open(os.path.join(cfg["out"], "rescue.md"), "w") as f:
