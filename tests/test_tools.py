@@ -4,6 +4,7 @@ PathFinder setting (its CPU smoke test runs a few steps per arm, in parallel pro
 import math
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -291,6 +292,14 @@ def test_rescue_lists_each_arm_on_every_seed_after_the_spt_runs_it_starts_from(c
     assert "--init=torch --epochs=0 --seed=0 --out_dir=/o/torch_pretrain_s0" in old[2]
     with pytest.raises(ValueError, match="unknown arm 'qkv'"):
         dry_run(capsys, "--arms=spt,qkv")
+
+
+@pytest.mark.parametrize("seeds", ["a,b", "0,,1", "0,0", "-1", "1.5"])
+def test_rescue_refuses_bad_seeds_in_one_line_before_any_work(tmp_path, seeds):
+    with pytest.raises(ValueError, match=f"--seeds={re.escape(seeds)}: give distinct whole numbers"):
+        rescue.main(["--action=run", f"--seeds={seeds}", f"--out={tmp_path / 'o'}", f"--results={tmp_path / 'r'}"])
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+    assert rescue.seeds_of({"seeds": " 3, 0"}) == [3, 0]
 
 
 def test_rescue_preset_is_the_probed_depth_2_setting():

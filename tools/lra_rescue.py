@@ -316,11 +316,20 @@ def arm_list(cfg):
     return arms
 
 
+def seeds_of(cfg):
+    """--seeds as a list of ints, in the order given (the first is the gate's seed)."""
+    parts = [s.strip() for s in str(cfg["seeds"]).split(",")]
+    if not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"--seeds={cfg['seeds']}: give distinct whole numbers separated by commas, "
+                         f"for example --seeds=0,1,2")
+    return [int(p) for p in parts]
+
+
 def jobs(cfg):
     """(name, seed, needs) in the order they start: each arm on every seed before the next
     arm, the SPT-alone runs an arm starts from just before it. needs: (name, seed) runs
     that must be recorded first (the source run; the first seed's spt run, for the gate)."""
-    seeds = [int(s) for s in cfg["seeds"].split(",")]
+    seeds = seeds_of(cfg)
     order, listed = [], set()
     for arm in arm_list(cfg):
         start = ARMS[arm][0]
@@ -505,14 +514,10 @@ def check_records(cfg):
                                  f"made with (--extra, --extra_spt), then run again")
 
 
-def seeds_of(cfg):
-    return [int(s) for s in cfg["seeds"].split(",")]
-
-
 def gate(cfg):
     """None while the sweep may go on; else why it stops: the first seed's spt run finished
     without taking off."""
-    seed = int(cfg["seeds"].split(",")[0])
+    seed = seeds_of(cfg)[0]
     if "spt" not in arm_list(cfg) or not recorded(cfg, "spt", seed):
         return None
     d = folder(results_dir(cfg), "spt", seed)
@@ -920,7 +925,7 @@ def status(cfg):
     left, minutes, source = estimate(cfg, runs)
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
-    first = f"spt_s{cfg['seeds'].split(',')[0]}"
+    first = f"spt_s{seeds_of(cfg)[0]}"
     rows.append(f"gate: not judged, {first}'s record is bad" if record_problem(cfg, "spt", int(first[5:])) else
                 gate(cfg) or (f"gate: open, {first} took off" if recorded(cfg, "spt", int(first[5:])) else
                               f"gate: waits for {first} to be recorded"))
@@ -953,7 +958,7 @@ def finetune_evals(d):
 
 def gather(cfg):
     """{arm: [(seed, record folder, summary)]} of the recorded arm runs, in ARMS order."""
-    seeds, where = [int(s) for s in cfg["seeds"].split(",")], results_dir(cfg)
+    seeds, where = seeds_of(cfg), results_dir(cfg)
     return {arm: members for arm in ARMS
             if (members := [(s, folder(where, arm, s), read_summary(folder(where, arm, s)))
                             for s in seeds if recorded(cfg, arm, s)])}
@@ -1069,7 +1074,7 @@ def source_table(cfg):
     from plumbing import training
     lines = ["| SPT run | SPT val loss by epoch | best | 3x3 mass after SPT, x uniform | wall h |", "|---|---|---|---|---|"]
     for name in SOURCES:
-        for s in [int(x) for x in cfg["seeds"].split(",")]:
+        for s in seeds_of(cfg):
             if not recorded(cfg, name, s):
                 continue
             d, m = folder(results_dir(cfg), name, s), read_summary(folder(results_dir(cfg), name, s))
@@ -1259,7 +1264,7 @@ def main(argv=None):
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
         raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
-    arm_list(cfg)
+    arm_list(cfg), seeds_of(cfg)                            # bad --arms or --seeds: one line, before any work
     return actions[cfg["action"]](cfg)
 
 
