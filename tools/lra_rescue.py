@@ -925,10 +925,10 @@ def status(cfg):
     left, minutes, source = estimate(cfg, runs)
     rows.append(f"left: {left} epochs, about {left * minutes / 60:.0f} core-hours at {minutes:.1f} min an epoch "
                 f"({source}); no run starts once {cfg['max_core_hours']:g} are used")
-    first = f"spt_s{seeds_of(cfg)[0]}"
-    rows.append(f"gate: not judged, {first}'s record is bad" if record_problem(cfg, "spt", int(first[5:])) else
-                gate(cfg) or (f"gate: open, {first} took off" if recorded(cfg, "spt", int(first[5:])) else
-                              f"gate: waits for {first} to be recorded"))
+    first = seeds_of(cfg)[0]                                # the gate's seed
+    rows.append(f"gate: not judged, spt_s{first}'s record is bad" if record_problem(cfg, "spt", first) else
+                gate(cfg) or (f"gate: open, spt_s{first} took off" if recorded(cfg, "spt", first) else
+                              f"gate: waits for spt_s{first} to be recorded"))
     text = "\n".join(rows)
     print(text)
     return text
@@ -1264,7 +1264,8 @@ def main(argv=None):
         raise ValueError(f"--slots={cfg['slots']} must be at least 1")
     if cfg["max_core_hours"] <= 0:
         raise ValueError(f"--max_core_hours={cfg['max_core_hours']} must be positive")
-    arm_list(cfg), seeds_of(cfg)                            # bad --arms or --seeds: one line, before any work
+    arm_list(cfg)                                           # a bad --arms or --seeds: one line, before any work
+    seeds_of(cfg)
     return actions[cfg["action"]](cfg)
 
 
