@@ -967,10 +967,10 @@ def gather(cfg):
 def unread_records(cfg):
     """The records under --results of this sweep's arms whose seed is not in --seeds: the
     tables leave them out, and say so, so that a seed run later is never silently unread."""
-    where = results_dir(cfg)
+    seeds, where = set(seeds_of(cfg)), results_dir(cfg)
     found = [d.rsplit("_s", 1) for d in (os.listdir(where) if os.path.isdir(where) else []) if "_s" in d]
     found = sorted((name, int(s)) for name, s in found if (name in ARMS or name in SOURCES) and s.isdigit())
-    return [f"{name}_s{s}" for name, s in found if s not in seeds_of(cfg) and recorded(cfg, name, s)]
+    return [f"{name}_s{s}" for name, s in found if s not in seeds and recorded(cfg, name, s)]
 
 
 def take_two(cfg):
