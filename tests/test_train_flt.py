@@ -681,3 +681,18 @@ def test_window_sweep_refuses_a_record_that_is_not_whole_before_its_run(tmp_path
                           timeout=120)
     assert done.returncode == 1 and "w_ref_K1_s1 is not a whole record (no summary.json)" in done.stderr
     assert "python train_flt.py" not in done.stdout and os.listdir(tmp_path / "results" / "w_ref_K1_s1") == []
+
+
+def test_window_sweep_appends_to_a_runs_log_instead_of_wiping_it(tmp_path):
+    """tools/flt_map.sh: starting a run appends to its .out log, so a second process that
+    starts the same run (and is refused by the run's lock) or a resume keeps what the log held."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "w_ref_K1_s1.out").write_text("the first process's progress\n")
+    env = dict(os.environ, SEEDS="1", OUT=str(out), RESULTS=str(tmp_path / "results"),
+               EXTRA="--data=/nowhere --max_steps=1")                  # each run fails at once
+    done = subprocess.run(["bash", "tools/flt_map.sh", "window"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "failed: see" in done.stdout, done
+    log = (out / "w_ref_K1_s1.out").read_text()
+    assert log.startswith("the first process's progress\n") and "/nowhere" in log, log

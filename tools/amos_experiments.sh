@@ -36,7 +36,7 @@ run() {   # run FOLDER FLAGS...: one train_spt.py run, unless it is finished
     if [ -f "$dir/ckpt.pt" ] && [[ "$*" != *--init_from=* ]]; then
         "$PY" train_spt.py --out_dir="$dir" --init_from=resume >> "$dir.log" 2>&1
     else
-        "$PY" train_spt.py "$@" --out_dir="$dir" --overwrite=True > "$dir.log" 2>&1
+        "$PY" train_spt.py "$@" --out_dir="$dir" --overwrite=True >> "$dir.log" 2>&1
     fi
     [ -f "$dir/summary.json" ] && echo "done: $dir" || echo "FAILED: $dir (see $dir.log)"
 }

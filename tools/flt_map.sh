@@ -52,7 +52,9 @@ run() {   # run DIR FLAG...: skip it if finished or recorded, resume it if cut, 
     local how="--overwrite=True"
     if [ -f "$dir/ckpt.pt" ]; then how="--init_from=resume"; fi
     echo "$(date +%H:%M:%S) python train_flt.py $* --out_dir=$dir $how"
-    python "$CODE/train_flt.py" "$@" --out_dir="$dir" "$how" > "$dir.out" 2>&1 || { echo "  failed: see $dir.out"; return 0; }
+    # >>: appended, so a second process that starts this run (and is refused by its run.lock)
+    # cannot wipe the log of the one still writing, and a resumed run's log follows its first part
+    python "$CODE/train_flt.py" "$@" --out_dir="$dir" "$how" >> "$dir.out" 2>&1 || { echo "  failed: see $dir.out"; return 0; }
   fi
   if [ -n "${RESULTS:-}" ]; then record "$dir"; fi
 }
