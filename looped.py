@@ -57,6 +57,17 @@ AdamW baseline recipe). The final norm is the same parameter-free norm, so the
 final state h of loop t is also what the shared lm head reads to give that loop's
 logits.
 
+RoPE convention: apply_rope rotates the interleaved pairs (x[2i], x[2i+1]) of each
+head by +p*theta_i. The authors' nanochat/gpt.py (apply_rotary_emb) rotates the
+half-split pairs (x[i], x[i + hd/2]) by -p*theta_i: the same attention once the rows
+of W_Q and W_K are permuted in every head, our row 2i their row i + hd/2, our row
+2i+1 their row i (tests/test_faithful.py checks it). To load their checkpoint, map
+c_q, c_k, c_v, c_proj, c_fc, mlp.c_proj, wte to W_Q, W_K, W_V, W_O, fc, proj, tok_emb,
+drop the padded vocabulary rows of wte and lm_head, and permute (hd = n_embd / n_head):
+    i = torch.arange(hd // 2); perm = torch.stack([i + hd // 2, i], dim=1).flatten()
+    W_Q = c_q.view(n_head, hd, n_embd)[:, perm].reshape(n_embd, n_embd)   # W_K from c_k alike
+Their RMSNorm eps is F.rms_norm's default, the dtype's machine epsilon (float32: 1.2e-7).
+
 This file imports only torch and the standard library (it carries its own RoPE),
 so it can be copied alone into another project.
 """
@@ -68,7 +79,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# variant -> (start: what loop t>1 starts from, fla, ai): one setting and two switches; the table above
+# variant -> (start: what loop t>1 starts from, fla, ai): one setting and two switches; the table above.
+# The authors' sixth variant, FLT_rl (FLT with every loop's loss), is variant="FLT", loss_type="STEP".
 VARIANTS = {
     "LT":      ("h",    False, False),
     "LT_i":    ("x0+h", False, False),
