@@ -2,28 +2,15 @@
 Attention statistics of "Towards Understanding Self-Pretraining for Sequence
 Classification" (claim 6: after SPT the attention is local, a learned proximity
 bias), measured rather than only drawn. Plain tensors in, numbers out, so they
-work on any attention maps, ours or someone else's:
+work on any attention maps, ours or someone else's. Each docstring says what it measures:
 
-  proximity_mass      mass within |i - j| <= w on the sequence (1-D), per layer,
-                      with what uniform attention over the real keys would give
-  proximity_mass_2d   mass within radius r on an image grid (Chebyshev distance:
-                      r = 1 is the 3x3 neighbourhood), with its uniform baseline.
-                      On a row-major 32x32 image the 1-D statistic sees only
-                      horizontal neighbours, counts the row-wrap pair (r, 31)-(r+1, 0)
-                      as neighbours and misses the vertical ones at |i - j| = 32
-  score_spread        how far attention is from uniform: the std of the scores
-                      within a row (from log A) and the mean row entropy of A
-  position_scores     the position-only score matrix of a model.Transformer layer:
-                      the real query and key (ln_1, W_Q, W_K and their biases) of the
-                      position vectors alone, for additive encodings
-  toeplitz_stats      how much of a score matrix is a function of i - j alone, and
-                      the near-minus-far contrast of that profile
-  attention_report    all of the above for one model and its maps, as plain numbers
-  attention_at_init   how local a freshly initialised model's attention is, per seed,
-                      as multiples of uniform attention (init torch, gpt2, amos)
-  plot_attention, plot_proximity, plot_evolution, plot_image_attention   the figures
-  Observations        a training run's attention at init, after SPT and finetuned
-                      (the tables and figures of run folders: plumbing/spt_report.py)
+  proximity_mass, proximity_mass_2d   attention mass near the query: on the sequence, on an image grid
+  score_spread                        how far attention is from uniform (score std, row entropy)
+  position_scores, toeplitz_stats     what a layer's W_Q, W_K make of the positions alone, and how
+                                      much of that is a function of i - j alone
+  attention_report, attention_at_init all of them for one model; the locality of fresh models
+  plot_attention, plot_proximity, plot_evolution, plot_image_attention, plot_curves   the figures
+  Observations                        a training run's attention at init, after SPT and finetuned
 
 Imports torch, numpy and (for figures) matplotlib, and from this project only model.py.
 """
@@ -48,10 +35,9 @@ def proximity_mass(maps, pad_mask=None, widths=PROX_WIDTHS):
     pad_mask: (B, T) True at padding, or None. Returns {"widths", "layers": per layer
     the mean mass within |i-j| <= w (over examples, heads, real queries), "uniform":
     the same for uniform attention over the real keys}."""
-    B, H, T, _ = maps[0].shape
+    B, _, T, _ = maps[0].shape
     real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
-    dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs()
-    return _mass(maps, real, dist, "widths", widths)
+    return _mass(maps, real, (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs(), "widths", widths)
 
 
 def grid_distance(side):
@@ -64,14 +50,14 @@ def grid_distance(side):
 def proximity_mass_2d(maps, side=None, radii=PROX_RADII):
     """The 2-D version for images: mass within Chebyshev radius r on the grid (r = 1:
     the 3x3 neighbourhood, itself included). side defaults to sqrt(T). Same output
-    as proximity_mass, with "radii" for "widths"."""
+    as proximity_mass, with "radii" for "widths". (On a row-major 32x32 image the 1-D
+    statistic sees only horizontal neighbours, counts the row-wrap pair (r, 31)-(r+1, 0)
+    as neighbours and misses the vertical ones at |i - j| = 32.)"""
     T = maps[0].shape[-1]
     side = side or math.isqrt(T)
     if side * side != T:
         raise ValueError(f"attention over {T} positions is not a square image; give side=")
-    dist = grid_distance(side)
-    real = torch.ones(maps[0].shape[0], T, dtype=torch.bool)
-    return _mass(maps, real, dist, "radii", radii)
+    return _mass(maps, torch.ones(maps[0].shape[0], T, dtype=torch.bool), grid_distance(side), "radii", radii)
 
 
 def _mass(maps, real, dist, name, values):
@@ -100,18 +86,16 @@ def score_spread(maps, pad_mask=None):
     is exact), and the mean row entropy of A next to the uniform log(n_real_keys)."""
     B, H, T, _ = maps[0].shape
     real = torch.ones(B, T, dtype=torch.bool) if pad_mask is None else ~pad_mask
-    keys = real[:, None, None, :]
+    keys, rows = real[:, None, None, :], real[:, None, :].expand(B, H, T)
     out = {"score_std": [], "entropy": [], "entropy_uniform": torch.log(real.sum(-1).float()).mean().item()}
     for m in maps:
         logm = m.clamp_min(1e-30).log()
         if pad_mask is None:                                     # every key real: fewer passes over the maps
             std, entropy = logm.std(-1, correction=0), -(m * logm).sum(-1)
         else:
-            n = keys.sum(-1)
-            mean = (logm * keys).sum(-1) / n
-            std = (((logm - mean[..., None]) ** 2 * keys).sum(-1) / n).sqrt()
+            mean = (logm * keys).sum(-1, keepdim=True) / keys.sum(-1, keepdim=True)
+            std = (((logm - mean) ** 2 * keys).sum(-1) / keys.sum(-1)).sqrt()
             entropy = -(m * logm * keys).sum(-1)
-        rows = real[:, None, :].expand(B, H, T)
         out["score_std"].append(std[rows].mean().item())
         out["entropy"].append(entropy[rows].mean().item())
     return out
@@ -131,12 +115,9 @@ def position_scores(model: Transformer, layer=0, n=256):
     For layer > 0 the input of the layer is not the positions alone, so read it as a
     probe of W_Q, W_K, not the layer's scores."""
     c = model.config
-    if c.pos_enc == "sinusoidal":
-        pe = model.pe
-    elif c.pos_enc == "learned":
-        pe = model.pos_emb.weight
-    else:
+    if c.pos_enc not in ("sinusoidal", "learned"):
         return None
+    pe = model.pe if c.pos_enc == "sinusoidal" else model.pos_emb.weight
     pe = pe[1:] if c.pool == "cls" else pe
     block = model.blocks[layer]
     h = block.ln_1(pe[: min(len(pe), n)].detach().float())
@@ -169,8 +150,7 @@ def attention_report(model, maps, pad_mask=None, image_side=None):
     scores = position_scores(model)
     if scores is not None:
         stats = [toeplitz_stats(s) for s in scores]
-        out["toeplitz"] = sum(s for s, _ in stats) / len(stats)
-        out["near_far"] = sum(n for _, n in stats) / len(stats)
+        out["toeplitz"], out["near_far"] = (sum(s[i] for s in stats) / len(stats) for i in (0, 1))
     return out, scores
 
 
@@ -181,17 +161,15 @@ def attention_at_init(config, tokens, seeds=(0, 1, 2), pad_mask=None, image_side
     "self" the mass on the query itself, "near" within |i-j| <= width, "grid" (with
     image_side) within the 3x3 grid neighbourhood, each divided by what uniform attention
     over the real keys gives (1.0 = no locality); "score_std" the spread of the scores."""
-    out = {}
+    out, ratio = {}, lambda mass, i: mass["layers"][0][i] / mass["uniform"][i]
     for seed in seeds:
         torch.manual_seed(seed)
         _, maps = Transformer(config).eval().forward_with_maps(tokens, pad_mask)
         maps = [maps[layer].float()]
         mass = proximity_mass(maps, pad_mask, widths=(0, width))
-        ratios = {"self": mass["layers"][0][0] / mass["uniform"][0],
-                  "near": mass["layers"][0][1] / mass["uniform"][1]}
+        ratios = {"self": ratio(mass, 0), "near": ratio(mass, 1)}
         if image_side:
-            grid = proximity_mass_2d(maps, image_side, radii=(1,))
-            ratios["grid"] = grid["layers"][0][0] / grid["uniform"][0]
+            ratios["grid"] = ratio(proximity_mass_2d(maps, image_side, radii=(1,)), 0)
         ratios["score_std"] = score_spread(maps, pad_mask)["score_std"][0]
         for k, v in ratios.items():
             out.setdefault(k, []).append(v)
@@ -209,46 +187,43 @@ def plt_figure(*args, **kwargs):
 
 
 def save_figure(plt, fig, path, dpi):
-    """The PNG goes to a temp file beside `path`, then is renamed over it: a crash or a
-    full disk never leaves half a figure. In this project through runfiles.write_file
-    (a run folder's manifest lists the file); copied alone, with the few lines below."""
+    """The PNG goes to a temp file beside `path`, then is renamed over it (os.replace):
+    a crash never leaves half a figure under `path`."""
     try:
-        from plumbing import runfiles
-        write = runfiles.write_file
-    except ImportError:
-        write = _write_atomically
-    try:
-        write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
+        fig.savefig(f"{path}.tmp", dpi=dpi, format="png")
+        os.replace(f"{path}.tmp", path)
     finally:
         plt.close(fig)
 
 
-def _write_atomically(path, write):
-    tmp = os.path.join(os.path.dirname(path), f".sptflt-tmp.{os.getpid()}.{os.path.basename(path)}")
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def heatmap(fig, ax, m, title, label=None, **kwargs):
+    """m (T, T) with query position i down and key position j across; a colour bar named label."""
+    im = ax.imshow(np.asarray(m), **kwargs)
+    ax.set_title(title, fontsize=9), ax.tick_params(labelsize=7)
+    ax.set_xlabel("key position j", fontsize=8), ax.set_ylabel("query position i", fontsize=8)
+    if label:
+        fig.colorbar(im, ax=ax, shrink=0.8).set_label(label, fontsize=8)
+    return im
+
+
+def plot_grid(rows, path, title=None, dpi=80):
+    """Small maps without ticks, one row per (row name, [(map, its title), ...])."""
+    n_cols = max(len(cells) for _, cells in rows)
+    plt, (fig, axes) = plt_figure(len(rows), n_cols, figsize=(2.1 * n_cols, 2.1 * len(rows)), squeeze=False)
+    for (name, cells), row in zip(rows, axes):
+        for ax, (m, text) in zip(row, cells):
+            ax.imshow(np.asarray(m), cmap="viridis"), ax.set_title(text, fontsize=7)
+        row[0].set_ylabel(name, fontsize=8)
+    plt.setp(axes, xticks=[], yticks=[]), fig.suptitle(title)
+    fig.tight_layout()
+    save_figure(plt, fig, path, dpi)
+    return path
 
 
 def plot_attention(maps, path, title, n_examples=2):
     """Rows: examples x layers; columns: heads."""
-    L, H = len(maps), maps[0].size(1)
-    n_examples = min(n_examples, maps[0].size(0))
-    plt, (fig, axes) = plt_figure(n_examples * L, H, figsize=(2.1 * H, 2.1 * n_examples * L), squeeze=False)
-    for e in range(n_examples):
-        for layer in range(L):
-            for h in range(H):
-                ax = axes[e * L + layer, h]
-                ax.imshow(maps[layer][e, h].numpy(), cmap="viridis")
-                ax.set_xticks([]), ax.set_yticks([])
-                ax.set_title(f"ex {e} layer {layer} head {h}", fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    save_figure(plt, fig, path, 80)
+    plot_grid([("", [(maps[layer][e, h].numpy(), f"ex {e} layer {layer} head {h}") for h in range(maps[0].size(1))])
+               for e in range(min(n_examples, maps[0].size(0))) for layer in range(len(maps))], path, title)
 
 
 def plot_image_attention(image, maps, path, n_queries=3):
@@ -260,25 +235,23 @@ def plot_image_attention(image, maps, path, n_queries=3):
     {stage: [one per query]}."""
     side = math.isqrt(image.numel())
     img = image.float().reshape(side, side)
-    order = torch.argsort(img.flatten(), descending=True, stable=True)
-    lit = max(1, int((img.flatten() > 0).sum()))
-    queries = order[torch.linspace(0, lit - 1, n_queries).long()].tolist()
+    lit = max(1, int((img > 0).sum()))                               # the drawn pixels, brightest first
+    queries = torch.argsort(img.flatten(), descending=True, stable=True)[torch.linspace(0, lit - 1, n_queries).long()]
     near = (grid_distance(side) <= 1).float()
     masses = {stage: [] for stage in maps}
     plt, (fig, axes) = plt_figure(n_queries, 1 + len(maps), figsize=(2.3 * (1 + len(maps)), 2.3 * n_queries),
                                   squeeze=False)
-    for row, q in enumerate(queries):
+    for row, q in zip(axes, queries.tolist()):
         y, x = divmod(q, side)
-        axes[row, 0].imshow(img, cmap="gray")
-        axes[row, 0].set_title(f"query ({y}, {x})", fontsize=8)
-        for col, (stage, m) in enumerate(maps.items(), 1):
+        row[0].imshow(img.numpy(), cmap="gray"), row[0].set_title(f"query ({y}, {x})", fontsize=8)
+        for ax, (stage, m) in zip(row[1:], maps.items()):
             a = m.mean(0)[q]                                          # (T,) head-averaged row
             masses[stage].append((a * near[q]).sum().item())
-            axes[row, col].imshow(a.reshape(side, side).numpy(), cmap="viridis")
-            axes[row, col].set_title(f"{stage}: 3x3 mass {masses[stage][-1]:.3f}", fontsize=8)
-        for ax in axes[row]:
+            ax.imshow(a.reshape(side, side).numpy(), cmap="viridis")
+            ax.set_title(f"{stage}: 3x3 mass {masses[stage][-1]:.3f}", fontsize=8)
+        for ax in row:
             ax.plot(x, y, "r+", markersize=8)
-            ax.set_xticks([]), ax.set_yticks([])
+    plt.setp(axes, xticks=[], yticks=[])
     fig.suptitle(f"layer-0 attention of one image's pixels (uniform 3x3 mass {9 / side ** 2:.4f})")
     fig.tight_layout()
     save_figure(plt, fig, path, 90)
@@ -287,49 +260,48 @@ def plot_image_attention(image, maps, path, n_queries=3):
 
 def plot_proximity(reports, scores, path):
     """Left: layer-0 mass within |i-j| <= w (and, for images, within radius r on the
-    grid) for each stage, against uniform. Right: position-only scores (head 0) per stage."""
+    grid) for each stage, against uniform. Right: position-only scores (head 0, the
+    first 128 positions) per stage, each with its colour bar. Returns the figure."""
     stages = list(reports)
-    two_d = "mass_2d" in reports[stages[0]]
-    n_right = sum(scores.get(s) is not None for s in stages)
-    n_left = 2 if two_d else 1
-    plt, (fig, axes) = plt_figure(1, n_left + n_right, figsize=(4 * n_left + 3 * n_right, 3.5), squeeze=False)
-    for ax, key, xname, label in ((axes[0, 0], "mass", "widths", "|i-j| <= w"),
-                                  (axes[0, 1] if two_d else None, "mass_2d", "radii", "grid radius <= r")):
-        if ax is None:
-            continue
+    curves = [("mass", "widths", "w", "|i-j| <= w"), ("mass_2d", "radii", "r", "grid radius <= r")]
+    curves = [c for c in curves if c[0] in reports[stages[0]]]
+    drawn = [s for s in stages if scores.get(s) is not None]
+    plt, (fig, axes) = plt_figure(1, len(curves) + len(drawn), figsize=(4 * len(curves) + 3.6 * len(drawn), 3.6),
+                                  squeeze=False, layout="constrained")
+    for ax, (key, xname, x, label) in zip(axes[0], curves):
         for stage in stages:
-            mass = reports[stage][key]
-            ax.plot(mass[xname], mass["layers"][0], "o-", label=stage)
-        ax.plot(mass[xname], mass["uniform"], "k--", label="uniform")
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlabel(xname[0]), ax.set_ylabel(f"attention mass within {label} (layer 0)"), ax.legend()
-    col = n_left
-    for stage in stages:
-        if scores.get(stage) is not None:
-            a = axes[0, col]
-            a.imshow(scores[stage][0][:128, :128].numpy(), cmap="RdBu_r")
-            a.set_title(f"position-only scores, {stage}\nToeplitz {reports[stage]['toeplitz']:.2f}", fontsize=8)
-            a.set_xticks([]), a.set_yticks([])
-            col += 1
-    fig.tight_layout()
+            ax.plot(reports[stage][key][xname], reports[stage][key]["layers"][0], "o-", label=stage)
+        ax.plot(reports[stage][key][xname], reports[stage][key]["uniform"], "k--", label="uniform")
+        ax.set_xscale("symlog", linthresh=1), ax.set_title("layer-0 attention near the query", fontsize=9)
+        ax.set_xlabel(x), ax.set_ylabel(f"attention mass within {label}"), ax.legend(fontsize=8)
+    for ax, stage in zip(axes[0, len(curves):], drawn):
+        heatmap(fig, ax, scores[stage][0][:128, :128].numpy(), f"{stage}: position-only scores\n"
+                f"Toeplitz score {reports[stage]['toeplitz']:.2f}", "score (head 0)", cmap="RdBu_r")
+    save_figure(plt, fig, path, 90)
+    return fig
+
+
+def plot_curves(records, path):
+    """A run's curves from its log records: train loss per step, val loss per epoch (each
+    phase: spt, finetune) and val accuracy per epoch (finetuning)."""
+    plt, (fig, axes) = plt_figure(1, 3, figsize=(13, 3.5), layout="constrained")
+    panels = (("loss", "step", "train loss"), ("val_loss", "epoch", "val loss"), ("val_acc", "epoch", "val accuracy"))
+    for ax, (key, x, name) in zip(axes, panels):
+        for phase, color in (("spt", "tab:purple"), ("finetune", "tab:blue"))[key == "val_acc":]:
+            rs = [r for r in records if r.get("phase") == phase and key in r]
+            if rs:
+                ax.plot([r[x] for r in rs], [r[key] for r in rs], "o-" if x == "epoch" else "-", color=color,
+                        label=phase)
+        ax.set_xlabel(f"{x} (of its phase)"), ax.set_ylabel(name), ax.grid(alpha=0.3)
+        ax.legend() if ax.lines else None
     save_figure(plt, fig, path, 90)
 
 
 def plot_evolution(rows, path, n_cols=6):
     """The paper's figure: one row per (name, snapshots), each snapshot a dict with a
     head-averaged map ("map"), its "step" and its mass within |i-j|<=2 ("mass")."""
-    plt, (fig, axes) = plt_figure(len(rows), n_cols, figsize=(2 * n_cols, 2.1 * len(rows)), squeeze=False)
-    for r, (name, picks) in enumerate(rows):
-        for c in range(n_cols):
-            ax = axes[r, c]
-            ax.set_xticks([]), ax.set_yticks([])
-            if c < len(picks):
-                ax.imshow(torch.tensor(picks[c]["map"]).numpy(), cmap="viridis")
-                ax.set_title(f"step {picks[c]['step']}, mass(w=2) {picks[c]['mass']:.2f}", fontsize=7)
-        axes[r, 0].set_ylabel(name, fontsize=8)
-    fig.tight_layout()
-    save_figure(plt, fig, path, 80)
-    return path
+    return plot_grid([(name, [(p["map"], f"step {p['step']}, mass(w=2) {p['mass']:.2f}") for p in picks[:n_cols]])
+                      for name, picks in rows], path)
 
 
 # -----------------------------------------------------------------------------
@@ -351,21 +323,19 @@ def attention_maps(model, ds, device, n=8):
     model.eval()
     _, maps = model.forward_with_maps(tokens.to(device), None if pad_mask is None else pad_mask.to(device))
     model.train()
-    if model.config.pool == "cls":
-        maps = [m[:, :, 1:, 1:] for m in maps]
-    return [m.float().cpu() for m in maps], pad_mask
+    return [(m[:, :, 1:, 1:] if model.config.pool == "cls" else m).float().cpu() for m in maps], pad_mask
 
 
 def attention_snapshot(model, ds, device, n=4):
     """One record of snapshots.jsonl: the layer-0 proximity mass on n examples, and the
-    head-averaged map of the first (average-pooled down to at most 128 positions)."""
+    head-averaged map of the first (average-pooled down to at most 128 positions,
+    rounded to 4 decimals)."""
     maps, pad_mask = attention_maps(model, ds, device, n)
     mass = proximity_mass(maps, pad_mask)
-    m = maps[0][0].mean(0)
-    factor = max(1, math.ceil(m.size(0) / 128))
-    m = torch.nn.functional.avg_pool2d(m[None, None], factor)[0, 0] if factor > 1 else m
+    m = maps[0][0].mean(0)[None, None]                                 # (1, 1, T, T) head-averaged
+    m = torch.nn.functional.avg_pool2d(m, math.ceil(m.size(-1) / 128))[0, 0]
     return dict(mass=mass["layers"][0], widths=mass["widths"], uniform=mass["uniform"],
-                map=np.round(m.numpy(), 4).tolist())
+                map=np.round(m.double().numpy(), 4).tolist())
 
 
 def stage_statistics(reports):

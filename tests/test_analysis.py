@@ -1,14 +1,13 @@
 """analysis.py on hand-made attention maps (where the right answer is known) and
-on real model.py layers: 1-D and 2-D proximity, score spread, position scores."""
+on real model.py layers: 1-D and 2-D proximity, score spread, position scores; and
+its figures: proximity.png, and tools/attention_gif.py's GIF on made-up snapshots."""
 
-import json
 import math
 
 import pytest
 import torch
 
 import analysis
-from plumbing import spt_report
 from model import Transformer, TransformerConfig
 
 
@@ -140,24 +139,52 @@ def test_attention_at_init_reads_the_grid_neighbourhood_of_images():
     assert min(stats["grid"]) > 1.0                                  # tied: local on the grid too
 
 
-def test_report_keeps_runs_apart_that_differ_only_in_the_pixel_encoder(tmp_path):
-    import json
-    summary = dict(task="pathfinder", depth=1, init="amos", pos_enc="sinusoidal", pretrain_task="pathfinder",
-                   pretrain_epochs=0, epochs=1, init_params="all", freeze="none", init_from="",
-                   best_val_acc=0.5, test_acc=0.5)
-    for name, encoder in (("a", "linear"), ("b", "token")):
+def test_proximity_figure_labels_its_heatmaps_gives_each_a_colour_bar_and_fits_its_titles(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=10, max_len=40, n_embd=16, n_head=2))
+    _, maps = model.forward_with_maps(torch.randint(0, 10, (2, 40)))
+    reports, scores = {}, {}
+    for stage in ("init", "start", "finetune"):
+        reports[stage], scores[stage] = analysis.attention_report(model, maps)
+    fig = analysis.plot_proximity(reports, scores, tmp_path / "proximity.png")
+    assert (tmp_path / "proximity.png").stat().st_size > 1000
+    heatmaps = [ax for ax in fig.axes if ax.images]
+    assert len(heatmaps) == 3
+    for ax in heatmaps:
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("key position j", "query position i")
+        assert ax.images[0].colorbar is not None and ax.images[0].colorbar.ax.get_ylabel()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)                                   # pyplot let go of it once saved
+    canvas.draw()
+    renderer, box = canvas.get_renderer(), fig.bbox
+    for ax in fig.axes:                                             # nothing drawn outside the canvas
+        extent = ax.title.get_window_extent(renderer)
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, ax.get_title()
+
+
+def fake_snapshots(phases_steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [dict(phase=phase, step=step, mass=[0.1] * 7, map=torch.rand(8, 8, generator=g).softmax(-1).tolist())
+            for phase, step in phases_steps]
+
+
+def test_attention_gif_pairs_the_runs_step_by_step_and_draws_one_frame_each(tmp_path):
+    from PIL import Image
+    from tools import attention_gif
+    for name, steps, seed in (("spt", [("spt", 2), ("spt", 4), ("finetune", 2), ("finetune", 4)], 0),
+                              ("scratch", [("finetune", s) for s in (2, 4, 6, 8)], 1)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
-        (tmp_path / name / "config.json").write_text(json.dumps(dict(summary, pixel_encoder=encoder, seed=0)))
-    runs = [(name, spt_report.run_summary(tmp_path / name)) for name in ("a", "b")]
-    rows = spt_report.seed_table(runs).splitlines()[2:]
-    assert len(rows) == 2 and "| linear |" in rows[0] and "| token |" in rows[1]
-
-
-def test_curves_are_drawn_from_a_log_whose_last_line_is_still_being_written(tmp_path, capsys):
-    records = [dict(phase="spt", step=1, loss=2.0), dict(phase="spt", epoch=1, val_loss=1.9),
-               dict(phase="finetune", step=2, loss=0.7), dict(phase="finetune", epoch=1, val_loss=0.6, val_acc=0.8)]
-    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"phase": "fin')
-    spt_report.plot_curves(str(tmp_path))
-    assert (tmp_path / "curves.png").stat().st_size > 1000
-    assert "dropped its last line" in capsys.readouterr().err
+        (tmp_path / name / "snapshots.jsonl").write_text(
+            "".join(__import__("json").dumps(s) + "\n" for s in fake_snapshots(steps, seed)))
+    spt, scratch = (attention_gif.read_snapshots(tmp_path / name) for name in ("spt", "scratch"))
+    frames = attention_gif.frames(spt, scratch)
+    assert [t for t, _, _ in frames] == [2, 4, 6, 8]                 # finetuning counted after SPT's 4 steps
+    assert [(left["phase"], left["step"], right["step"]) for _, left, right in frames] == \
+        [("spt", 2, 2), ("spt", 4, 4), ("finetune", 2, 6), ("finetune", 4, 8)]
+    assert attention_gif.draw(frames, tmp_path / "a.gif", fps=4, hold=1.0) == 4
+    gif = Image.open(tmp_path / "a.gif")
+    assert gif.n_frames == 4                                         # the held copies merge into the last
+    gif.seek(3)
+    assert gif.info["duration"] > 1000
+    with pytest.raises(FileNotFoundError, match="snapshot_attn_every"):
+        attention_gif.read_snapshots(tmp_path)
