@@ -1,33 +1,25 @@
 """
-Self-pretraining (SPT) then finetuning, with every ablation of "Towards
-Understanding Self-Pretraining for Sequence Classification" (Coser et al. 2026).
+Self-pretraining (SPT) then finetuning, with every ablation of "Towards Understanding
+Self-Pretraining for Sequence Classification" (Coser et al. 2026).
 
     python train_spt.py --task=synthetic                          # SPT, then finetune (minutes on a CPU)
     python train_spt.py --task=synthetic --pretrain_epochs=0      # from scratch
     python train_spt.py --task=synthetic --pretrain_epochs=0 --freeze=attn   # keep random attention
     python train_spt.py --task=synthetic --init_params=qk --init_from=out/x/spt_best.pt
     python train_spt.py --task=pathfinder --depth=1               # LRA, Amos et al.'s one-GPU settings
-    python train_spt.py --report=out                              # table of all runs under out/
     torchrun --standalone --nproc_per_node=2 train_spt.py --task=synthetic
 
-Phase 1 (SPT): masked-token reconstruction on the task's own training split
-(Amos et al. 2024). Phase 2: classification, starting from the best-validation
-SPT weights (all of them, or only the group --init_params). Every run writes
-config.json, log.jsonl, summary.json, checkpoints and figures into out_dir, with
-the attention's proximity statistics (analysis.py). The flags are DEFAULTS below;
-Amos et al.'s per-task values and the named presets are in plumbing/spt_settings.py.
-
-Read top to bottom: the flags, the seeds, the two objectives (MaskedReconstruction is
-SPT) and the mask, hybrid initialisation and freezing, train_phase (the loop), evaluate,
-main and run_phases. The data come through plumbing/spt_data.py (synthetic.py, data_lra.py);
-the bookkeeping around the loop is plumbing/spt_phase.py's, the run itself training.Run's:
-a folder holding another run is refused, a stop signal saves the resume point,
---init_from=resume continues exactly, a NaN stops the run.
+Phase 1 (SPT): masked-token reconstruction on the task's own training split (Amos et al. 2024).
+Phase 2: classification from the best SPT weights (all, or only the group --init_params). A run
+writes config.json, log.jsonl, summary.json, checkpoints and figures into out_dir. Read top to
+bottom: the flags, the seeds, the objectives (MaskedReconstruction is SPT), hybrid init and
+freezing, train_phase (THE loop), evaluate, the data, main. training.py holds the run folder,
+checkpoints and signals; synthetic.py and data_lra.py the data; analysis.py the attention statistics.
 """
 
 import math
 import os
-import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,23 +28,17 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import analysis
-from configurator import run_cli
-from model import Transformer, TransformerConfig, select_params
-from plumbing import cost, spt_report
-from plumbing.spt_data import load_splits
-from plumbing.spt_phase import PhaseLedger, micro_row
-from plumbing.spt_settings import IMAGE_TASKS, get_config, resume_config
-from plumbing.training import Run, grad_sync, load_checkpoint, load_weights, wrap
+import synthetic
+from configurator import check, configure, run_cli
+from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
+from training import (NonFiniteGuard, Run, choose_fast_dtype, grad_sync, load_checkpoint, load_weights, read_log,
+                      step_seconds, wrap)
 
 # -----------------------------------------------------------------------------
-# The flags that shape the experiment, each a --key=value flag. These DEFAULTS are the
-# experiment of the README's main command, `python train_spt.py --task=pathfinder --depth=1`:
-# Amos et al.'s PathFinder run (IdoAmos/not-from-scratch, configs/experiment/lra/
-# transformer-lra-pathfinder[-mlm].yaml; "-mlm" is their SPT phase) with one layer, as the
-# paper studies it. --task=NAME changes only what another task sets (spt_settings.TASKS),
-# --preset=NAME applies a named set of overrides (spt_settings.PRESETS; --help lists them
-# all), and the flags apply last. The run's plumbing flags (out_dir, device, dtype, logging,
-# checkpoints) are spt_settings.RUN_DEFAULTS: they change no result.
+# The flags, each a --key=value (--help lists them with these comments). DEFAULTS are the README's
+# main command, `python train_spt.py --task=pathfinder --depth=1`: Amos et al.'s PathFinder run
+# (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-pathfinder[-mlm].yaml; "-mlm"
+# is their SPT phase) with one layer, as the paper studies it.
 
 DEFAULTS = dict(
     task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
@@ -67,13 +53,11 @@ DEFAULTS = dict(
     seed=0,
     # model: their PathFinder model (width 128, 8 heads, MLP x1) with one layer
     depth=1,                 # the paper's one-layer model (their PathFinder config has 4: --depth=4)
-    n_embd=128, n_head=8, ffn_mult=1,
-    pos_enc="sinusoidal", pool="mean", dropout=0.0,
-    init="amos",             # PyTorch's layer defaults, then W_Q = W_K = W_V = W_O: their attention's
-                             # clones(nn.Linear(d, d), 4) (src/models/sequence/mha.py), so attention does
-                             # not start uniform; torch: PyTorch's defaults alone; gpt2: N(0, 0.02)
-    pixel_encoder="linear",  # their `encoder: linear`: the grey value in [-1, 1] and a mask flag through
-                             # nn.Linear(2, d); token: one embedding per grey level (the text tasks')
+    n_embd=128, n_head=8, ffn_mult=1,  # width, heads, MLP width / n_embd
+    pos_enc="sinusoidal", pool="mean", dropout=0.0,  # positions: sinusoidal, learned, rope, none; pool: mean, max, cls
+    init="amos",             # amos: PyTorch's defaults, then W_Q = W_K = W_V = W_O, as their clones(nn.Linear(d, d),
+                             # 4) (src/models/sequence/mha.py); torch: PyTorch's defaults; gpt2: N(0, 0.02)
+    pixel_encoder="linear",  # linear: their [-1, 1] grey value and a mask flag through nn.Linear(2, d); token
     # self-pretraining
     pretrain_epochs=50,      # 0 = from scratch
     spt_objective="masked",  # masked | causal (next-token)
@@ -83,33 +67,44 @@ DEFAULTS = dict(
     epochs=200,              # finetuning epochs (0 = SPT alone: its checkpoints are the product)
     init_from="",            # "" = this run's best SPT checkpoint | resume | a checkpoint path
     init_params="all",       # which groups to take from the SPT checkpoint (qk, qkv, attn, mlp, emb, all)
-    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at their
-                             # random init from scratch, at the SPT values after SPT
+    freeze="none",           # keep these groups fixed while finetuning (attn, qk, ...): at init, or SPT's values
     patience=0,              # early stopping: epochs without a better val accuracy (0 = off, as theirs)
     max_hours=24.0,          # wall-time cap of each phase (theirs: 24 h on one GPU)
     # optimisation (AdamW)
-    lr=5e-4, batch_size=32,
-    weight_decay=0.0, schedule="constant", grad_clip=0.0, grad_accum=1,
+    lr=5e-4, batch_size=32,  # peak learning rate; examples per optimizer step and process
+    weight_decay=0.0, grad_clip=0.0, grad_accum=1,  # grad_clip 0 = none; grad_accum: micro-batches per step
+    schedule="constant",     # after the warmup: constant, cosine or linear (to 0.1 x lr)
     warmup_steps=5000,       # linear warmup of the finetuning phase, in optimizer steps...
     pretrain_warmup_steps=2500,   # ... and of the SPT phase
     warmup_frac=0.0,         # or: warmup over this fraction of each phase (used when the steps are 0)
     pretrain_lr=0.0,         # 0 = same as lr (their -mlm file has the finetuning one)
     pretrain_schedule="",    # "" = same as schedule
-    preset="",               # "", cpu or cpu_rescue: overrides applied before the flags (spt_settings.PRESETS)
+    preset="",               # "", cpu or cpu_rescue: config/<task>_<preset>.py, applied before the flags
+    # the run's plumbing: it changes no result, and a resumed run may change it (FREE)
+    out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
+    overwrite=False,         # replace the results of an earlier run in out_dir
+    log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = at the end of each epoch only)
+    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution (snapshots.jsonl)
+    halt_after_steps=0,      # stop after this many steps, resume point saved (to test resume)
+    device="auto", dtype="auto",  # auto: bf16 on a GPU that has it, else float32; fast: the faster, timed here
+    compile=False, num_workers=0, debug=False,   # torch.compile; DataLoader workers; tracebacks
 )
+FREE = ("max_hours", "patience", "log_every", "ckpt_every", "snapshot_attn_every", "halt_after_steps",
+        "device", "dtype", "compile", "num_workers", "debug", "overwrite")
 
-# Seeds. Each random stream has its own seed derived from --seed, so changing one
-# thing (the number of epochs, the mask ratio) never shifts another stream.
+# --task=NAME applies config/NAME.py (Amos et al.'s values for that task, each file citing their
+# config), --preset=NAME then config/<task>_NAME.py (ours, for a CPU), and the flags apply last.
+# The run prints what its config files set. IMAGE_TASKS' sequences are square images of grey levels.
+HERE = os.path.dirname(os.path.abspath(__file__))
+TASKS = ("synthetic", "listops", "text", "retrieval", "image", "pathfinder", "pathx", "photos")
+IMAGE_TASKS = ("image", "pathfinder", "pathx", "photos")
+
+# Seeds. Each random stream has its own seed derived from --seed, so changing one thing (the
+# number of epochs, the mask ratio) never shifts another stream.
 MASK_SEED_OFFSET = 7          # the SPT masks' stream: apart from the model init, which uses --seed itself
 VAL_MASK_SEED = 1234          # validation masks: the same every epoch and every seed, so SPT val losses compare
-# (the batch order's stream: spt_phase.batch_order_seed)
-
-
-def to_device(batch, rt):
-    """(tokens, pad_mask, labels) on the run's device; a missing pad_mask stays None."""
-    tokens, pad_mask, labels = batch
-    move = lambda t: None if t is None else t.to(rt.device, non_blocking=True)
-    return move(tokens), move(pad_mask), move(labels)
+BATCH_SEED_STRIDE = 100_003   # batch order: seed * stride + 2 * epoch + (1 in SPT): a prime above
+                              # 2 x any epoch count, so (seed, epoch, phase) never collide
 
 
 # -----------------------------------------------------------------------------
@@ -152,11 +147,6 @@ class Classification(nn.Module):
         return F.cross_entropy(logits.float(), labels), logits
 
 
-def mask_generator(cfg):
-    """The SPT masks' random stream: a function of --seed alone (the data never is)."""
-    return torch.Generator().manual_seed(cfg["seed"] + MASK_SEED_OFFSET)
-
-
 def draw_hidden(shape, ratio, generator):
     """i.i.d. Bernoulli(ratio) candidate positions to hide."""
     return torch.rand(shape, generator=generator) < ratio
@@ -188,93 +178,188 @@ def build_model(cfg, datasets):
 
 
 def hybrid_init(model, ckpt_path, which):
-    """Copy only the parameter group `which` from an SPT checkpoint; the rest stay
-    at their random init (claim 5). Returns the names copied."""
+    """Copy only the parameter group `which` from an SPT checkpoint; the rest stay at their
+    random init (claim 5). Returns the names copied."""
     names = select_params(model, which)
     load_weights(model, ckpt_path, names)
     return names
 
 
 def freeze(model, which):
-    """requires_grad=False for a group: it stays bit-identical at its starting value.
-    From scratch, that is the random init (claim 4)."""
-    if which == "none":
-        return []
-    names = select_params(model, which)
-    trainable([p for name, p in model.named_parameters() if name in names], False)
+    """requires_grad=False for a group: it stays bit-identical at its starting value. From
+    scratch, that is the random init (claim 4)."""
+    names = [] if which == "none" else select_params(model, which)
+    for name, p in model.named_parameters():
+        if name in names:
+            p.requires_grad_(False)
     return names
 
 
-def trainable(params, on):
-    """The one place requires_grad is switched (freeze; the head a phase does not use)."""
-    for p in params:
-        p.requires_grad_(on)
-
-
 # -----------------------------------------------------------------------------
-# One training phase (SPT or finetuning): the loop, then what it hangs on
+# One training phase (SPT or finetuning)
+
+def lr_at(step, peak, total, warmup, schedule):
+    """A linear warmup to the peak, then constant, or a cosine or linear decay to 0.1 x peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return peak
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return peak * (0.1 + 0.9 * decay)
+
+
+def epoch_batches(n, cfg, rt, epoch, spt):
+    """This rank's micro-batches (lists of indices) of one epoch; the order is a function of
+    (seed, epoch, phase), so a resumed run sees the same batches. Optimizer step s takes
+    perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size, split into equal micro-batches
+    across ranks and accumulation steps: W processes equal one with W times the batch."""
+    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    seed = cfg["seed"] * BATCH_SEED_STRIDE + 2 * epoch + int(spt)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [perm[s * G:(s + 1) * G][micro_row(k, cfg, rt):][:cfg["batch_size"]]
+            for s in range(n // G) for k in range(cfg["grad_accum"])]
+
+
+def micro_row(k, cfg, rt):
+    """The first row of this rank's micro-batch k in its step's batch: its examples, its mask rows."""
+    return (k * rt.world_size + rt.rank) * cfg["batch_size"]
+
 
 def train_phase(name, model, train_ds, val_ds, run):
-    """Train `model` in place. name='spt': masked reconstruction, best = lowest val
-    loss. name='finetune': classification, best = highest val accuracy. Returns the
-    phase's ledger: its best checkpoint (best_path) and state (best score, steps, ...)."""
+    """Train `model` in place. name='spt': masked reconstruction, best = lowest val loss.
+    name='finetune': classification, best = highest val accuracy. Returns the phase's state:
+    epoch, step, best_metric, best_epoch; its best weights are in <out_dir>/<name>_best.pt."""
     cfg, rt, accum, spt = run.cfg, run.rt, run.cfg["grad_accum"], name == "spt"
-    p = PhaseLedger(name, run, len(train_ds))    # epochs, lr, schedule; counters, log, checkpoints
-    trainable((model.head if spt else model.lm_head).parameters(), False)     # the head this phase does not use
+    epochs, peak, schedule, warmup = (cfg["pretrain_epochs"], cfg["pretrain_lr"] or cfg["lr"], cfg["pretrain_schedule"]
+                                      or cfg["schedule"], cfg["pretrain_warmup_steps"]) if spt else \
+        (cfg["epochs"], cfg["lr"], cfg["schedule"], cfg["warmup_steps"])
+    G = cfg["batch_size"] * accum * rt.world_size                        # examples per optimizer step
+    steps_per_epoch = len(train_ds) // G
+    total = epochs * steps_per_epoch
+    warmup = warmup or int(cfg["warmup_frac"] * total)
+    unused_head = model.head if spt else model.lm_head
+    unused_head.requires_grad_(False)                                    # the head this phase does not use
     objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") if spt \
         else Classification(model)
-    train_obj = wrap(objective, rt, cfg["compile"])                          # DDP, torch.compile
-    optimizer = model.configure_optimizers(cfg["weight_decay"], p.lr, device_type=rt.device_type)
-    mask_gen = mask_generator(cfg)
-    params = p.attach(model, optimizer, mask_gen, val_ds)                    # resumed from ckpt.pt if any
-    while p.state["epoch"] < p.epochs:
-        for micro, batch in enumerate(p.epoch_batches(train_ds)):
-            tokens, pad_mask, labels = to_device(batch, rt)
-            k = micro % accum                                                # micro-batch k of this step
+    train_obj = wrap(objective, rt, cfg["compile"])                      # DDP, torch.compile
+    optimizer = model.configure_optimizers(cfg["weight_decay"], peak, device_type=rt.device_type)
+    mask_gen = torch.Generator().manual_seed(cfg["seed"] + MASK_SEED_OFFSET)   # the SPT masks' stream
+    state = dict(epoch=0, step_in_epoch=0, step=0, best_metric=None, best_epoch=-1, bad_epochs=0)
+    guard = NonFiniteGuard(rt, name, run.ckpt_path)
+
+    def save_resume():                       # ckpt.pt: weights, optimizer, masks' stream, RNG, counters
+        guard.check()
+        run.save_resume(model, [optimizer], phase=name, mask_gen=mask_gen.get_state(), **state)
+    rng = None
+    if run.ckpt and run.ckpt["phase"] == name:                           # --init_from=resume
+        run.restore(model, [optimizer], rng=False)
+        state.update({k: run.ckpt[k] for k in state})
+        mask_gen.set_state(run.ckpt["mask_gen"])
+        rng = run.ckpt["rng"]
+    params = [p for p in model.parameters() if p.requires_grad]
+    say(rt, f"[{name}] {len(train_ds)} train / {len(val_ds)} val examples, {epochs} epochs x {steps_per_epoch} "
+            f"steps, lr {peak:g}, {sum(p.numel() for p in params):,} trainable parameters")
+    run.saver, t0 = save_resume, time.time()                             # a stop signal saves ckpt.pt first
+    while state["epoch"] < epochs:
+        batches = epoch_batches(len(train_ds), cfg, rt, state["epoch"], spt)[state["step_in_epoch"] * accum:]
+        bar = tqdm(total=steps_per_epoch, initial=state["step_in_epoch"], disable=not rt.master, leave=False,
+                   desc=f"{os.path.basename(cfg['out_dir'])} {name} epoch {state['epoch'] + 1}/{epochs}")
+        # a DataLoader draws its seed from the torch RNG when its iterator is made: a resumed run
+        # rewinds the RNG before that at an epoch's start, after it mid-epoch
+        if rng is not None and state["step_in_epoch"] == 0:
+            torch.set_rng_state(rng)
+        data = iter(rt.loader(train_ds, batches, cfg["num_workers"]))
+        if rng is not None and state["step_in_epoch"] > 0:
+            torch.set_rng_state(rng)
+        rng = None
+        for micro, (tokens, pad_mask, labels) in enumerate(data):
+            tokens, labels = tokens.to(rt.device), labels.to(rt.device)
+            pad_mask = None if pad_mask is None else pad_mask.to(rt.device)
+            k = micro % accum                                            # micro-batch k of this step
             with grad_sync(train_obj, rt, last_micro=k == accum - 1), rt.autocast():
                 if spt:
-                    # SPT: hide a random mask_ratio of the real tokens and reconstruct them. The
-                    # mask is drawn once for the whole global batch, then this micro-batch takes
-                    # its rows: the masks do not depend on the number of GPUs or micro-batches.
+                    # SPT: hide a random mask_ratio of the real tokens and reconstruct them. The mask
+                    # is drawn once for the whole global batch, then this micro-batch takes its rows:
+                    # the masks do not depend on the number of GPUs or micro-batches.
                     if k == 0:
-                        step_hide = draw_hidden((p.global_batch, *tokens.shape[1:-1], train_ds.max_len),
-                                                cfg["mask_ratio"], mask_gen)
+                        step_hide = draw_hidden((G, *tokens.shape[1:-1], train_ds.max_len), cfg["mask_ratio"],
+                                                mask_gen)
                     start = micro_row(k, cfg, rt)
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
                     loss = train_obj(tokens, pad_mask, hide.to(rt.device))
-                else:                                                        # classify
+                else:                                                    # classify
                     loss, _ = train_obj(tokens, pad_mask, labels)
             (loss / accum).backward()
             if k < accum - 1:
                 continue
-            for group in optimizer.param_groups:                             # warmup, then decay
-                group["lr"] = p.schedule.lr(p.state["step"], p.lr)
+            for group in optimizer.param_groups:                         # warmup, then the schedule
+                group["lr"] = lr_at(state["step"], peak, total, warmup, schedule)
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"] or float("inf"))
-            p.guard.record(loss, gnorm, p.state["step"] + 1)                 # on a CPU: stops before the update
+            guard.record(loss, gnorm, state["step"] + 1)                 # on a CPU: stops before the update
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            p.after_step(loss, gnorm)              # log, ETA, attention snapshots, ckpt_every
-            run.tick()                             # a signal or --halt_after_steps stops here
-        if p.end_of_epoch(lambda: evaluate(objective, val_ds, cfg, rt, name)):   # best kept, ckpt.pt; True: stop
+            state["step"] += 1
+            state["step_in_epoch"] += 1
+            step = state["step"]
+            bar.update(1)
+            if step % cfg["log_every"] == 0 or step == 1:
+                guard.check()                                            # on a GPU: here
+                run.log(phase=name, step=step, epoch=state["epoch"], loss=loss.item(),
+                        lr=optimizer.param_groups[0]["lr"], grad_norm=gnorm.item())
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+            if step == 20:
+                say(rt, f"[{name}] ~{(time.time() - t0) / 20 * (total - 20) / 60:.1f} min for this phase at the "
+                        f"speed of its first 20 steps")
+            if cfg["snapshot_attn_every"] and step % cfg["snapshot_attn_every"] == 0 and rt.master:
+                run.log("snapshots.jsonl", phase=name, step=step, **analysis.attention_snapshot(model, val_ds,
+                                                                                               rt.device))
+            if cfg["ckpt_every"] and step % cfg["ckpt_every"] == 0:
+                save_resume()
+            run.tick()                                # a stop signal or --halt_after_steps stops here
+        # the end of an epoch: evaluate, keep the best weights, save the resume point
+        bar.close()
+        guard.check()
+        metrics = evaluate(objective, val_ds, cfg, rt, name)
+        if not math.isfinite(metrics["loss"]):                           # a NaN val loss is never "best"
+            guard.at.fill_(state["step"])
+            guard.check()
+        metric, best = metrics["loss"] if spt else metrics["acc"], state["best_metric"]
+        improved = best is None or (metric < best if spt else metric > best)
+        epoch = state["epoch"] + 1
+        state.update(epoch=epoch, step_in_epoch=0, bad_epochs=0 if improved else state["bad_epochs"] + 1)
+        run.log(phase=name, step=state["step"], epoch=epoch, val_loss=metrics["loss"], val_acc=metrics["acc"],
+                **({} if spt else {"val_loss_se": metrics["loss_se"]}))
+        if improved:
+            state.update(best_metric=metric, best_epoch=epoch)
+            run.save_weights(os.path.join(cfg["out_dir"], f"{name}_best.pt"), model, epoch=epoch, **metrics)
+        if spt and epoch in {int(e) for e in cfg["save_epochs"].split(",") if e.strip()}:
+            run.save_weights(os.path.join(cfg["out_dir"], f"spt_epoch{epoch}.pt"), model, epoch=epoch)
+        say(rt, f"[{name}] epoch {epoch}/{epochs}: val loss {metrics['loss']:.4f}"
+                + ("" if spt else f", val acc {metrics['acc']:.4f}") + (" (best)" if improved else ""))
+        save_resume()
+        if (not spt and cfg["patience"] and state["bad_epochs"] >= cfg["patience"]) or \
+                time.time() - t0 > cfg["max_hours"] * 3600:            # early stopping; the wall-time cap
             break
     run.saver = None
-    trainable((model.head if spt else model.lm_head).parameters(), True)      # the other phase's head
-    return p
+    unused_head.requires_grad_(True)                                     # the other phase's head
+    return state
 
 
 @torch.no_grad()
 def evaluate(objective, ds, cfg, rt, phase):
-    """Mean loss, and for the classifier its accuracy and the standard error of the mean
-    loss (sd of the per-example losses / sqrt(n): the noise a take-off must clear).
-    SPT masks come from a fixed generator, so the validation loss compares across epochs."""
+    """Mean loss, and for the classifier its accuracy and the standard error of the mean loss
+    (sd of the per-example losses / sqrt(n)). SPT masks come from a fixed generator, so the
+    validation loss compares across epochs."""
     objective.eval()
     idx = list(range(rt.rank, len(ds), rt.world_size))
     batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
     gen = torch.Generator().manual_seed(VAL_MASK_SEED)
     totals = torch.zeros(4, dtype=torch.float64, device=rt.device)   # loss sum, correct, count, squares
-    for batch in tqdm(rt.loader(ds, batches, cfg["num_workers"]), desc=f"eval {phase}", leave=False,
-                      disable=not rt.master):
-        tokens, pad_mask, labels = to_device(batch, rt)
+    for tokens, pad_mask, labels in tqdm(rt.loader(ds, batches, cfg["num_workers"]), leave=False,
+                                         desc=f"{os.path.basename(cfg['out_dir'])} eval {phase}", disable=not rt.master):
+        tokens, labels = tokens.to(rt.device), labels.to(rt.device)
+        pad_mask = None if pad_mask is None else pad_mask.to(rt.device)
         with rt.autocast():
             if phase == "spt":
                 hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
@@ -295,77 +380,189 @@ def evaluate(objective, ds, cfg, rt, phase):
 
 
 # -----------------------------------------------------------------------------
-# The run: SPT, then finetuning, then the test accuracy and the figures
+# The flags and the data, checked before anything is written
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = get_config(DEFAULTS, argv, __doc__)
-    if cfg["report"]:
-        return spt_report.report(cfg["report"], cfg["out_dir"])
-    # The run folder: a run refuses an out_dir that holds another run's results (--overwrite=True
-    # replaces them) and writes nothing there until its flags, data and model have been checked.
-    with Run(cfg, "train_spt.py", argv, resume_config) as run:
-        cost.announce(run.cfg, run.rt)                                # a long run says so first
-        data = load_splits(run)
-        model = build_model(run.cfg, [data["train"], data["pretrain"]]).to(run.rt.device)
-        cost.choose_dtype(run, model, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
-        ckpt = run.ckpt
-        run.begin(keep=ckpt and PhaseLedger.written_before(ckpt),
-                  at=ckpt and dict(phase=ckpt["phase"], step=ckpt["step"]),
-                  also=("snapshots.jsonl",))
-        seen = analysis.Observations(run.cfg["out_dir"], run.cfg["task"] in IMAGE_TASKS, run.rt.master)
-        return run_phases(run, data, model, seen)
+def get_config(argv):
+    """DEFAULTS, then config/<task>.py, config/<task>_<preset>.py and the flags, checked: a bad
+    value is one line naming what is allowed, before any work is done."""
+    first = configure(DEFAULTS, argv, __doc__, __file__)                  # which task and preset
+    task = first["task"]
+    if task not in TASKS:
+        raise ValueError(f"--task={task} is not one of {', '.join(TASKS)}")
+    files = [f"config/{task}.py"] + ([f"config/{task}_{first['preset']}.py"] if first["preset"] else [])
+    if not os.path.exists(os.path.join(HERE, files[-1])):
+        raise ValueError(f"--preset={first['preset']}: there is no {files[-1]}; the presets are "
+                         + ", ".join(sorted(f[:-3] for f in os.listdir(os.path.join(HERE, "config")) if "_" in f)))
+    base = configure(DEFAULTS, [], files=[os.path.join(HERE, f) for f in files])
+    cfg = dict(configure(base, argv), config_files=", ".join(files))
+    groups = tuple(PARAM_GROUPS) + ("all",)
+    check(cfg, positive=("depth", "n_embd", "n_head", "ffn_mult", "lr", "batch_size", "grad_accum", "log_every",
+                         "max_hours"), fractions=("dropout", "warmup_frac", "mask_ratio"),
+          choices=dict(pretrain_task=("",) + TASKS, spt_objective=("masked", "causal"), dtype=("auto", "fast",
+                       "float32", "bfloat16", "float16"), data_source=("auto", "generated", "release"),
+                       schedule=("constant", "cosine", "linear"), pretrain_schedule=("", "constant", "cosine", "linear")))
+    for key in ("freeze", "init_params"):
+        if any(g.strip() not in groups + ("none",) for g in cfg[key].split(",")):
+            raise ValueError(f"--{key}={cfg[key]}: choose from {', '.join(groups)}, a comma list of them, or none")
+    TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"],
+                      pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"])
+    if task == "photos":
+        raise ValueError("--task=photos has no labels; use it as --pretrain_task=photos with --task=pathfinder")
+    if cfg["pixel_encoder"] == "linear" and task not in IMAGE_TASKS:
+        raise ValueError(f"--pixel_encoder=linear reads grey levels, of {', '.join(IMAGE_TASKS)}; use token here")
+    if cfg["epochs"] == 0 and (cfg["pretrain_epochs"] == 0 or cfg["init_from"] not in ("", "resume")):
+        raise ValueError("--epochs=0 runs the SPT phase alone: it needs --pretrain_epochs > 0 and no --init_from")
+    if "all" in cfg["freeze"].split(","):
+        raise ValueError("--freeze=all leaves nothing to train; freeze a group: attn, qk, qkv, mlp, emb")
+    if cfg["init_from"] not in ("", "resume"):
+        theirs = load_checkpoint(cfg["init_from"]).get("config", {})      # one line if missing or damaged
+        if any(theirs.get(k) != cfg[k] for k in ("depth", "n_embd", "n_head", "ffn_mult")):
+            raise ValueError(f"--init_from={cfg['init_from']} is a model of another shape; give the same model flags")
+    if not cfg["out_dir"]:                     # out/<task>_d<depth>_<epochs>ep_<every flag that differs>
+        skip = ("task", "depth", "pretrain_epochs", "config_files", *FREE)
+        cfg["out_dir"] = os.path.join("out", f"{task}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep" + "".join(
+            f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
+    return cfg
 
 
-def run_phases(run, data, model, seen):
-    """Phase 1 (SPT, unless finetuning from a given checkpoint), phase 2 (finetuning from
-    a fresh model holding (part of) the SPT weights), then the test accuracy."""
-    cfg, rt, ckpt = run.cfg, run.rt, run.ckpt
+class Subset(torch.utils.data.Subset):
+    """The first n examples of a dataset, keeping its attributes (vocab_size, collate, ...)."""
+
+    def __getattr__(self, name):
+        return getattr(self.dataset, name)
+
+
+def load_data(task, split, cfg):
+    """One split of `task`: synthetic.py's, made in memory, or data_lra.py's (generated once and
+    cached, or read from the release files); the first --n_train (train) or --n_eval examples."""
+    if task == "synthetic":
+        ds = synthetic.load_split(split, seed=cfg["seed"])
+    else:
+        import data_lra   # here: the synthetic task needs nothing else
+        options = dict(n=cfg["n_generate"] or None, data_source=cfg["data_source"], difficulty=cfg["difficulty"],
+                       max_len=cfg["max_len"] or None)                   # what this task takes of them:
+        ds = data_lra.load_task(task, split, cfg["data_dir"], **{k: v for k, v in options.items() if v is not None
+                                                                 and k in data_lra.TASK_OPTIONS[task][1]})
+    n = cfg["n_train"] if split == "train" else cfg["n_eval"]
+    return Subset(ds, range(n)) if 0 < n < len(ds) else ds
+
+
+def load_splits(cfg, rt):
+    """{train, val, test, pretrain, pretrain_val}: the task's splits and the pretraining task's,
+    checked: none is empty, a training split holds a global batch, the vocabularies agree."""
+    task, pre = cfg["task"], cfg["pretrain_task"] or cfg["task"]
+    data = {s: load_data(task, s, cfg) for s in ("train", "val", "test")}
+    data.update(pretrain=load_data(pre, "train", cfg), pretrain_val=load_data(pre, "val", cfg)) if pre != task else \
+        data.update(pretrain=data["train"], pretrain_val=data["val"])
+    if (data["pretrain"].vocab_size, data["pretrain"].mask_id) != (data["train"].vocab_size, data["train"].mask_id):
+        raise ValueError(f"--pretrain_task={pre} has another vocabulary than --task={task}; pretrain on an image task")
+    G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
+    for name, ds in data.items():
+        need = G if name in ("train", "pretrain") else 1
+        if len(ds) < need:
+            raise ValueError(f"the {name} split of --task={task} has {len(ds)} examples, fewer than {need}; check "
+                             f"--n_train, --n_eval, --batch_size")
+    return data
+
+
+def announce_cost(cfg, rt, model, train_ds):
+    """A long run says first what it costs here: a step of its own model (timed after a warm-up,
+    the best of 2, so a busy machine inflates it little) times its steps; then it goes on."""
+    x = train_ds.collate([train_ds[i] for i in range(2)])[0].to(rt.device)
+    with torch.random.fork_rng(devices=[]):
+        step_s = step_seconds(lambda: model.classify(x).float().logsumexp(-1).mean(), rt) / 2 * cfg["batch_size"]
+    model.zero_grad(set_to_none=True)
+    hours = step_s * (cfg["pretrain_epochs"] + cfg["epochs"]) * len(train_ds) / cfg["batch_size"] / 3600
+    if hours > 0.2:
+        say(rt, f"This run takes about {hours:,.1f} h ({hours / 24:.1f} days) here, at {step_s:.2f} s a step, measured "
+                f"now. Sooner: `python train_spt.py --task=synthetic` (minutes) or `--task=pathfinder "
+                f"--preset=cpu_rescue` (hours). Going on; Ctrl-C stops it, --init_from=resume continues it.")
+
+
+# -----------------------------------------------------------------------------
+# The run: SPT, then finetuning, then the test accuracy, the summary and the figures
+
+def main(argv):
+    cfg = get_config(argv)
+    with Run(cfg, "train_spt.py", argv, FREE) as run:                  # the folder checked and locked
+        cfg, rt = run.cfg, run.rt
+        data = load_splits(cfg, rt)
+        cfg["data"] = {k: getattr(data[k], "source", "made in memory") for k in ("train", "pretrain")}
+        model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
+        if cfg["dtype"] == "fast" and rt.device_type == "cpu":
+            choose_fast_dtype(rt, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
+            model.zero_grad(set_to_none=True)
+        announce_cost(cfg, rt, model, data["train"])
+        # on resume, keep the records written before ckpt.pt; an epoch's val record only if ckpt.pt has it
+        order = lambda r: (("spt", "finetune").index(r["phase"]), r["step"])
+        at = order(run.ckpt) if run.ckpt else (0, 0)
+        run.begin(keep=lambda r: order(r) < at or order(r) == at and r["epoch"] <= run.ckpt.get("epoch", r["epoch"]))
+        say(rt, f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
+                f"{len(data['train'])}/{len(data['val'])}/{len(data['test'])} train/val/test ({cfg['data']['train']}); "
+                f"{cfg['config_files']}; pretraining on {cfg['pretrain_task'] or cfg['task']}; "
+                f"{model.num_params():,} parameters; out_dir {cfg['out_dir']}")
+        seen = analysis.Observations(cfg["out_dir"], cfg["task"] in IMAGE_TASKS, rt.master)
+        seen.observe("init", model, data["val"], rt.device)
+        # phase 1: SPT (unless finetuning from a given checkpoint, or resuming into phase 2)
+        given = cfg["init_from"] not in ("", "resume")
+        pretrain, spt = cfg["pretrain_epochs"] > 0 and not given, None
+        spt_ckpt = cfg["init_from"] if given else os.path.join(cfg["out_dir"], "spt_best.pt") if pretrain else None
+        if pretrain and not (run.ckpt and run.ckpt["phase"] == "finetune"):
+            spt = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)
+        if rt.ddp:
+            dist.barrier()                                            # rank 0 has written the SPT checkpoint
+        if cfg["epochs"] == 0:                  # SPT alone: its checkpoints are what other runs finetune from
+            load_weights(model, spt_ckpt)
+            seen.observe("spt", model, data["val"], rt.device)
+            return summarize(run, seen, model, data["val"], dict(
+                pretrain_epochs=cfg["pretrain_epochs"], spt_best_val_loss=spt["best_metric"],
+                spt_best_epoch=spt["best_epoch"], steps=0, spt_steps=spt["step"], wall_time_s=run.elapsed()))
+        # phase 2: finetuning, from a fresh model holding (part of) the SPT weights
+        model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
+        copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
+        if spt_ckpt:                            # "start": the model finetuning starts from, after the copy
+            seen.observe("start", model, data["val"], rt.device)
+            say(rt, f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
+        frozen = freeze(model, cfg["freeze"])
+        ft = train_phase("finetune", model, data["train"], data["val"], run)
+        if rt.ddp:
+            dist.barrier()                                            # rank 0 has written the best checkpoint
+        load_weights(model, os.path.join(cfg["out_dir"], "finetune_best.pt"))
+        test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
+        seen.observe("finetune", model, data["val"], rt.device)
+        spt_loss = spt["best_metric"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
+        return summarize(run, seen, model, data["val"], dict(
+            pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft["best_metric"],
+            best_epoch=ft["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
+            frozen=len(frozen), copied=len(copied), steps=ft["step"], wall_time_s=run.elapsed()))
+
+
+def say(rt, text):
+    """A line on the master rank, never glued to a progress bar."""
     if rt.master:
-        print(f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
-              f"{len(data['train'])}/{len(data['val'])}/{len(data['test'])} train/val/test; pretraining on "
-              f"{cfg['pretrain_task'] or cfg['task']}; {model.num_params():,} parameters; out_dir {cfg['out_dir']}")
-    seen.observe("init", model, data["val"], rt.device)
-    given = cfg["init_from"] not in ("", "resume")
-    pretrain = cfg["pretrain_epochs"] > 0 and not given
-    spt_ckpt, spt = (cfg["init_from"] if given else None), None
-    if pretrain and not (ckpt and ckpt["phase"] == "finetune"):
-        spt = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)
-        spt_ckpt = spt.best_path
-    elif pretrain:
-        spt_ckpt = os.path.join(cfg["out_dir"], "spt_best.pt")
-    if rt.ddp:
-        dist.barrier()                                            # rank 0 has written the SPT checkpoint
-    if cfg["epochs"] == 0:                      # SPT alone: its checkpoints are what other runs finetune from
-        return spt_only(run, seen, model, data["val"], spt)
-    model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
-    copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
-    if spt_ckpt:                                # "start": the model finetuning starts from, after the copy
-        seen.observe("start", model, data["val"], rt.device)
-        if rt.master:
-            print(f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
-    frozen = freeze(model, cfg["freeze"])
-    ft = train_phase("finetune", model, data["train"], data["val"], run)
-    if rt.ddp:
-        dist.barrier()                                            # rank 0 has written the best checkpoint
-    load_weights(model, ft.best_path)
-    test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
-    seen.observe("finetune", model, data["val"], rt.device)
-    spt_loss = spt.state["best_metric"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
-    return spt_report.summarize(run, seen, model, data["val"], dict(
-        pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft.state["best_metric"],
-        best_epoch=ft.state["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
-        frozen=len(frozen), copied=len(copied), steps=ft.state["step"], wall_time_s=run.elapsed()))
+        tqdm.write(text)
 
 
-def spt_only(run, seen, model, val_ds, spt):
-    """The summary of a run that stops after SPT (--epochs=0): its checkpoints are its product;
-    another run's `--init_from=RUN/spt_best.pt` finetunes from them as phase 2 of an SPT run does."""
-    load_weights(model, spt.best_path)
-    seen.observe("spt", model, val_ds, run.rt.device)
-    return spt_report.summarize(run, seen, model, val_ds, dict(
-        pretrain_epochs=run.cfg["pretrain_epochs"], spt_best_val_loss=spt.state["best_metric"],
-        spt_best_epoch=spt.state["best_epoch"], steps=0, spt_steps=spt.state["step"], wall_time_s=run.elapsed()))
+def summarize(run, seen, model, val_ds, results):
+    """summary.json (the run's flags, results and the attention statistics at each stage),
+    the figures (curves, proximity, attention), and the run's last line."""
+    cfg, rt = run.cfg, run.rt
+    keys = ("task", "depth", "epochs", "init_from", "init_params", "freeze", "pos_enc", "pool", "init", "pixel_encoder")
+    summary = dict({k: cfg[k] for k in keys}, pretrain_task=cfg["pretrain_task"] or cfg["task"], **results,
+                   n_params=model.num_params(), world_size=rt.world_size)
+    if not rt.master:
+        return summary
+    summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
+    run.write_summary(summary)
+    seen.plot(val_ds[0][0])
+    analysis.plot_curves(read_log(cfg["out_dir"]), os.path.join(cfg["out_dir"], "curves.png"))
+    last = "finetune" if "test_acc" in summary else "spt"                 # "spt": SPT alone (--epochs=0)
+    done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
+            else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
+    print(f"[{os.path.basename(cfg['out_dir'])}] {done}; attention mass within |i-j|<=2: init "
+          f"{summary['mass_w2_init']:.3f}, final {summary['mass_w2_' + last]:.3f} (uniform "
+          f"{summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -28,12 +28,6 @@ for task, make in (("pathfinder", "generate_pathfinder"), ("listops", "generate_
 written = [f for _, _, fs in os.walk(d) for f in fs]
 assert any(f.endswith(".npz") for f in written) and any(f.endswith(".tsv") for f in written), written
 assert not [f for f in written if "tmp" in f], written
-m.check_generate("pathfinder", 1000)                                       # the size check, alone too
-try:
-    m.check_generate("pathfinder", m.MAX_EXAMPLES + 1)
-    raise AssertionError("check_generate took more than MAX_EXAMPLES")
-except ValueError as e:
-    assert "too many pathfinder examples" in str(e), e
 """
 ANALYSIS = """
 import os, tempfile, torch
@@ -101,7 +95,7 @@ def test_each_file_imports_alone_in_an_empty_folder(tmp_path):
         for f in (name, *extra):
             shutil.copy(os.path.join(ROOT, f), folder / f)
         checks.append((str(folder), name[:-3], use))
-    project = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")) + ["plumbing"]
+    project = sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")) + ["config"]
     code = f"CHECKS = {checks!r}\nPROJECT = {project!r}\n" + CHECK
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,

@@ -11,19 +11,18 @@ import sys
 import pytest
 import torch
 
-from plumbing import spt_report
-from plumbing import spt_data, spt_settings
 import train_spt
 from model import select_params
-from plumbing.training import load_checkpoint, read_log
+from training import setup_runtime
+from training import load_checkpoint, read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task=synthetic", "--log_every=1", "--patience=0"]
 
 
 def spt_config(argv):
-    """train_spt.py's config of a command line (its DEFAULTS, then spt_settings' layers)."""
-    return spt_settings.get_config(train_spt.DEFAULTS, argv)
+    """train_spt.py's config of a command line (its DEFAULTS, then config/<task>.py, ...)."""
+    return train_spt.get_config(argv)
 
 
 def run(out_dir, *flags):
@@ -76,23 +75,10 @@ def test_spt_recovers_proximity_attention(spt_vs_scratch):
         assert os.path.getsize(base / "spt" / name) > 0, name
 
 
-@pytest.mark.xdist_group("spt_vs_scratch")   # one worker trains the pair once
-def test_report_gathers_summaries_into_one_table(spt_vs_scratch, capsys):
-    base, _, _ = spt_vs_scratch
-    table = train_spt.main([f"--report={base}"])
-    rows = [line for line in table.splitlines() if line.startswith(f"| {base}")
-            and "| synthetic | 1 | gpt2 | sinusoidal | synthetic |" in line]
-    assert len(rows) == 2 and {"| 4 |", "| 0 |"} <= {c for r in rows for c in ("| 4 |", "| 0 |") if c in r}
-    seed_rows = [line for line in table.splitlines() if line.startswith("| synthetic | 1 | gpt2 |")]
-    assert len(seed_rows) == 2 and all("| 1 | " in r for r in seed_rows)      # one seed each
-    assert (base / "report.md").read_text().strip() == table
-    assert os.path.getsize(base / "val_accuracy.png") > 0
-
-
 def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
     run(tmp_path, "--n_train=256", "--n_eval=64", "--epochs=2", "--pretrain_epochs=0", "--freeze=attn")
     fresh = train_spt.build_model(spt_config(TINY + ["--freeze=attn"]),
-                                  [spt_data.load_data("synthetic", "train", spt_config(TINY))])
+                                  [train_spt.load_data("synthetic", "train", spt_config(TINY))])
     trained = load_checkpoint(tmp_path / "finetune_best.pt")["model"]
     start = fresh.state_dict()
     attn = select_params(fresh, "attn")
@@ -105,7 +91,7 @@ def test_freeze_attn_leaves_those_weights_bit_identical(tmp_path):
 def test_init_params_qk_copies_exactly_wq_and_wk(spt_vs_scratch):
     base, _, _ = spt_vs_scratch
     cfg = spt_config(TINY)
-    data = [spt_data.load_data("synthetic", "train", cfg)]
+    data = [train_spt.load_data("synthetic", "train", cfg)]
     fresh = train_spt.build_model(cfg, data).state_dict()
     model = train_spt.build_model(cfg, data)
     copied = train_spt.hybrid_init(model, base / "spt" / "spt_best.pt", "qk")
@@ -135,7 +121,7 @@ def test_pretrain_task_swap_runs_end_to_end(tmp_path):
 
 def test_swap_across_vocabularies_is_refused(tmp_path):
     """ListOps' token ids are not pixels: pretraining PathFinder on them would alias ids."""
-    with pytest.raises(ValueError, match="--pretrain_task=listops has vocabulary .* would mean other tokens"):
+    with pytest.raises(ValueError, match="--pretrain_task=listops has another vocabulary"):
         run(tmp_path / "run", "--task=pathfinder", "--pretrain_task=listops", f"--data_dir={tmp_path}",
             "--n_generate=200", "--n_train=32", "--n_eval=16", "--depth=1", "--n_embd=32", "--n_head=2",
             "--batch_size=16")
@@ -155,7 +141,7 @@ def test_resume_continues_a_killed_run_exactly(tmp_path, halt_at):
     with pytest.raises(SystemExit, match="halted"):
         run(tmp_path / "b", *flags, f"--halt_after_steps={halt_at}")
     ckpt = load_checkpoint(tmp_path / "b" / "ckpt.pt")
-    assert ckpt["step"] < (halt_at if halt_at < 10 else halt_at - 10)   # it did lose work (SPT: 10 steps)
+    assert ckpt["step"] == (halt_at if halt_at < 10 else halt_at - 10)  # saved where it halted (SPT: 10 steps)
     resumed = run(tmp_path / "b", "--init_from=resume")
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     assert resumed["test_acc"] == straight["test_acc"]
@@ -172,7 +158,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path, 
 
     monkeypatch.setattr(train_spt.Classification, "forward", poisoned)
     with pytest.raises(FloatingPointError,
-                       match=r"became NaN or inf at step 12.*last good checkpoint is .*ckpt\.pt \(step 10\)"):
+                       match=r"became NaN or inf at step 12; stopped before its update.*last good checkpoint is .*ckpt\.pt \(step 10\)"):
         run(tmp_path, "--n_train=640", "--n_eval=64", "--pretrain_epochs=0", "--epochs=2",
             "--ckpt_every=5")
     ckpt = load_checkpoint(tmp_path / "ckpt.pt")
@@ -198,14 +184,14 @@ def test_spt_alone_then_finetuning_from_its_checkpoint_logs_what_one_spt_run_log
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--task=synthetic", "--lrr=1"], "unknown key 'lrr'"),
-    (["--task=synthetic", "--depth=one"], "--depth=one has the wrong type"),
-    (["--task=mnist"], "--task=mnist is unknown"),
-    (["--task=synthetic", "--init_params=attn,mpl"], "unknown parameter group 'mpl'"),
-    (["--task=synthetic", "--spt_objective=denoise"], "--spt_objective=denoise is not one of"),
-    (["--task=synthetic", "--mask_ratio=1.5"], "--mask_ratio=1.5 must be between 0 and 1"),
+    (["--task=synthetic", "--lrr=1"], "unknown flag --lrr; did you mean --lr"),
+    (["--task=synthetic", "--depth=one"], "--depth=one: expected a int"),
+    (["--task=mnist"], "--task=mnist is not one of"),
+    (["--task=synthetic", "--init_params=attn,mpl"], "--init_params=attn,mpl: choose from"),
+    (["--task=synthetic", "--spt_objective=denoise"], "--spt_objective='denoise' is not one of"),
+    (["--task=synthetic", "--mask_ratio=1.5"], "--mask_ratio=1.5 must be in"),
     (["--task=synthetic", "--epochs=0", "--pretrain_epochs=0"], "--epochs=0 runs the SPT phase alone"),
-    (["--task=photos"], "--task=photos has no labels to finetune on"),
+    (["--task=photos"], "--task=photos has no labels"),
 ])
 def test_config_override_parsing_rejects_bad_keys(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -216,7 +202,7 @@ def test_command_line_error_is_one_clear_line():
     result = subprocess.run([sys.executable, "train_spt.py", "--task=synthetic", "--freeze=attention"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "unknown parameter group 'attention'" in result.stderr
+    assert "--freeze=attention: choose from" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
 
@@ -246,20 +232,6 @@ def test_ddp_replicas_stay_identical_through_spt_and_finetuning(tmp_path):
     ddp = launch(tmp_path / "ddp", "--pretrain_epochs=1", "--batch_size=32", procs=2)
     assert ddp["world_size"] == 2 and ddp["replica_max_diff"] == 0.0
     assert ddp["spt_best_val_loss"] is not None
-
-
-def test_report_averages_runs_that_differ_only_in_seed():
-    base = dict(task="synthetic", depth=1, init="torch", pos_enc="sinusoidal", pretrain_task="synthetic",
-                pretrain_epochs=0, epochs=5, init_params="all", freeze="none", init_from="",
-                mass_w2_finetune=0.05, score_std_init=0.3)
-    runs = [("a", dict(base, best_val_acc=0.5, test_acc=0.6)), ("b", dict(base, best_val_acc=0.7, test_acc=0.8)),
-            ("c", dict(base, init="gpt2", best_val_acc=0.9, test_acc=0.9)),
-            ("d", dict(base, epochs=20, best_val_acc=0.4, test_acc=0.4))]   # longer finetuning: its own row
-    rows = spt_report.seed_table(runs).splitlines()[2:]
-    assert len(rows) == 3
-    assert "| torch |" in rows[0] and "| 2 | 0.600 +- 0.141 | 0.700 +- 0.141 |" in rows[0]
-    assert "| gpt2 |" in rows[1] and "| 1 | 0.900 +- 0.000 |" in rows[1]
-    assert "| 20 |" in rows[2] and "| 1 | 0.400 +- 0.000 |" in rows[2]
 
 
 # --preset=cpu: the CPU-scale LRA setting, shrunk to 4 steps
@@ -296,15 +268,19 @@ def test_pretrain_schedule_sets_the_spt_phase_alone(tmp_path):
     assert lr["finetune"][-1] < 0.2 * max(lr["finetune"])          # cosine decays to 10%
 
 
+def mask_stream(cfg):
+    return torch.Generator().manual_seed(cfg["seed"] + train_spt.MASK_SEED_OFFSET)
+
+
 def test_seeds_change_the_model_and_the_masks_not_the_data(tmp_path):
     flags = ["--task=pathfinder", "--preset=cpu", "--n_generate=200", f"--data_dir={tmp_path}"]
     a, b = (spt_config(flags + [f"--seed={s}"]) for s in (0, 1))
-    data_a, data_b = (spt_data.load_data("pathfinder", "train", c) for c in (a, b))
+    data_a, data_b = (train_spt.load_data("pathfinder", "train", c) for c in (a, b))
     assert len(data_a) == len(data_b) == 160
     assert all(torch.equal(data_a[i][0], data_b[i][0]) and data_a[i][1] == data_b[i][1] for i in range(160))
     w_a, w_b = (train_spt.build_model(c, [data_a]).state_dict() for c in (a, b))
     assert all(not torch.equal(w_a[k], w_b[k]) for k in w_a if k.endswith("attn.W_Q.weight"))
-    masks = [train_spt.draw_hidden((8, 1024), 0.5, train_spt.mask_generator(c)) for c in (a, b, a)]
+    masks = [train_spt.draw_hidden((8, 1024), 0.5, mask_stream(c)) for c in (a, b, a)]
     assert not torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
 
 
@@ -316,14 +292,14 @@ def test_lra_tasks_start_from_tied_attention_and_pixel_tasks_read_grey_values():
     for task in ("synthetic", *LRA_TASKS):
         cfg = spt_config([f"--task={task}"])
         assert cfg["init"] == ("torch" if task == "synthetic" else "amos"), task
-        assert cfg["pixel_encoder"] == ("linear" if task in spt_settings.IMAGE_TASKS else "token"), task
+        assert cfg["pixel_encoder"] == ("linear" if task in train_spt.IMAGE_TASKS else "token"), task
     cfg = spt_config(["--task=pathfinder", "--init=torch", "--pixel_encoder=token"])
     assert (cfg["init"], cfg["pixel_encoder"]) == ("torch", "token")        # both can be turned off
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--task=synthetic", "--pixel_encoder=linear"], "--pixel_encoder=linear reads grey levels: it applies only"),
-    (["--task=listops", "--pixel_encoder=linear"], "only to image, pathfinder, pathx"),
+    (["--task=synthetic", "--pixel_encoder=linear"], "--pixel_encoder=linear reads grey levels"),
+    (["--task=listops", "--pixel_encoder=linear"], "of image, pathfinder, pathx"),
     (["--task=pathfinder", "--pixel_encoder=conv"], "pixel_encoder='conv' is unknown"),
     (["--task=pathfinder", "--init=tied"], "init='tied' is unknown"),
 ])
@@ -366,54 +342,35 @@ def test_token_pixel_encoder_runs_spt_then_finetuning_on_pathfinder(tmp_path):
     assert summary["init"] == "amos" and summary["steps"] == 4 and summary["spt_best_val_loss"] < 6.0
 
 
-# The main command's cost, said before any work
-def test_main_command_says_its_cost_and_the_shorter_commands_before_any_data(tmp_path, monkeypatch, capsys):
-    import data_lra
-
-    class NoData(Exception):
-        pass
-
-    def no_data(*args, **kwargs):
-        raise NoData
-    monkeypatch.setattr(data_lra, "load_task", no_data)
-    with pytest.raises(NoData):                                   # stopped where the data would be made
-        train_spt.main(["--task=pathfinder", "--depth=1", f"--data_dir={tmp_path / 'data'}",
-                        f"--out_dir={tmp_path / 'run'}"])
+# The main command's cost, said before the training
+def test_a_long_run_says_its_cost_and_the_shorter_commands_first(capsys):
+    cfg = spt_config(["--task=synthetic", "--pretrain_epochs=5000"])
+    rt = setup_runtime("cpu", "float32")
+    ds = train_spt.load_data("synthetic", "train", cfg)
+    model = train_spt.build_model(cfg, [ds])
+    train_spt.announce_cost(cfg, rt, model, ds)
     out = capsys.readouterr().out
-    assert "generating 200,000 PathFinder images first: about" in out
-    assert re.search(r"50 SPT \+ 200 finetuning epochs of 5,000 steps \(batch 32\): about [\d.]+ (h|days)", out)
-    assert "python train_spt.py --task=synthetic" in out and "python tools/lra_rescue.py run" in out
-    assert not (tmp_path / "data").exists()
-
-
-def test_a_short_run_starts_without_a_cost_line(tmp_path, capsys):
-    from plumbing import cost
-    from plumbing.training import setup_runtime
-    cfg = spt_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200",
-                                f"--data_dir={tmp_path / 'data'}"])
-    gen_s, train_s, _ = cost.announce(cfg, setup_runtime("cpu", "float32"))
-    assert 0 < gen_s + train_s < cost.ANNOUNCE_ABOVE_S and capsys.readouterr().out == ""
-    assert cost.announce(dict(cfg, task="synthetic"), setup_runtime("cpu", "float32")) is None
+    assert re.search(r"This run takes about [\d,.]+ h .* at [\d.]+ s a step", out) and "--task=synthetic" in out
+    assert all(p.grad is None for p in model.parameters())
+    train_spt.announce_cost(spt_config(["--task=synthetic"]), rt, model, ds)     # minutes: no line
+    assert capsys.readouterr().out == ""
 
 
 def test_the_main_command_runs_the_experiment_its_defaults_show():
-    """What a reader sees at the top of train_spt.py is what the README's main command
-    runs: every experiment key of the resolved config equals DEFAULTS (the default task
-    changes nothing), and the bare command is the same experiment."""
-    main = re.search(r"python train_spt.py (--task=pathfinder --depth=1)\n", open(os.path.join(ROOT, "README.md")).read())
-    for argv in (main[1].split(), []):
+    """What a reader sees at the top of train_spt.py is what the README's main command runs:
+    config/pathfinder.py sets nothing, and another task's file sets its own keys."""
+    for argv in (["--task=pathfinder", "--depth=1"], []):
         cfg = spt_config(argv)
-        assert {k: cfg[k] for k in train_spt.DEFAULTS} == train_spt.DEFAULTS, argv
-    assert spt_settings.TASKS["pathfinder"] == {}
-    other = spt_config(["--task=synthetic"])                                    # another task changes its own keys
+        assert {k: cfg[k] for k in train_spt.DEFAULTS if k != "out_dir"} == \
+            {k: v for k, v in train_spt.DEFAULTS.items() if k != "out_dir"}, argv
+        assert cfg["out_dir"] == "out/pathfinder_d1_50ep"
+    other = spt_config(["--task=synthetic"])
     assert other["init"] == "torch" and other["pixel_encoder"] == "token" and other["warmup_steps"] == 0
+    assert other["config_files"] == "config/synthetic.py"
 
 
-def test_help_lists_every_flag_every_task_and_every_preset():
+def test_help_lists_every_flag_with_its_comment():
     out = subprocess.run([sys.executable, "train_spt.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "--depth=1" in out.stdout and "--out_dir=''" in out.stdout            # DEFAULTS and RUN_DEFAULTS
-    assert "\n  pathfinder: DEFAULTS' values" in out.stdout                     # the default task changes nothing
-    for task in set(spt_settings.TASKS) - {"pathfinder"}:
-        assert f"\n  {task}: " in out.stdout and "depth=" in out.stdout.split(f"\n  {task}: ")[1].split("\n")[0], task
-    assert "cpu_rescue [pathfinder]: difficulty='baseline'" in out.stdout
+    assert "--depth=1  # the paper's one-layer model" in out.stdout and "--out_dir=''" in out.stdout
+    assert "--preset=''  # \"\", cpu or cpu_rescue" in out.stdout

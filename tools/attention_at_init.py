@@ -50,12 +50,10 @@ def models(name):
             for d, h, who in ((64, 4, "--preset=cpu"), (128, 8, "Amos et al.")) for enc in ("token", "linear")]
 
 
-def cell(values):
-    t = torch.tensor(values, dtype=torch.float64)
-    return f"{t.mean():.2f} ± {t.std():.2f}" if len(values) > 1 else f"{t.mean():.2f}"
-
-
 def table(seeds, n):
+    def cell(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        return f"{t.mean():.2f} ± {t.std():.2f}" if len(values) > 1 else f"{t.mean():.2f}"
     rows = []
     for name, tokens, vocab, side in inputs(n):
         for label, kwargs in models(name):

@@ -1,21 +1,15 @@
 """
-Benchmarks: is this code as fast as what one would write with torch.nn, and do
-paper-scale runs fit one device? Prints a markdown table per section and writes
-every number into bench.json.
+Benchmarks: is this code as fast as what one would write with torch.nn, and which speed
+options pay on a CPU? Prints a markdown table per section and writes every number into
+bench.json.
 
-  python tools/bench.py                              # everything, ~9 min on 2 CPU cores
+  python tools/bench.py                              # the CPU sections, ~6 min on 2 CPU cores
   python tools/bench.py --quick                      # reduced sizes, under 1 minute
-  python tools/bench.py --only=throughput,memory     # some sections only
   python tools/bench.py --only=cuda --compile=True   # on a GPU: tokens/s and MFU, bf16
-  python tools/bench.py --help                       # every key and its default
 
 Sections (--only, comma list):
   throughput  training step (forward + backward + AdamW) of model.py's Transformer
               against torch.nn.TransformerEncoder of the same shape: tokens/s
-  memory      peak memory of one training step against T, for the SDPA path and the
-              explicit attention-map path (Transformer.forward_with_maps); log-log growth slope
-  looped      looped.py: time per step against n_loops, for the five variants
-  data        PathFinder and ListOps generation rate, PathFinder cache load time
   cuda        on a GPU: tokens/s and model FLOPs utilisation (MFU) with bf16
               autocast (and torch.compile), ours and the reference
   cpu         the CPU preset's PathFinder training step (T=1024, 1 and 4 layers): time
@@ -31,16 +25,12 @@ the two times measured side by side. No test asserts any of these timings.
 """
 
 import json
-import math
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -49,12 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import configurator  # noqa: E402
-from plumbing import runfiles  # noqa: E402
 from model import Transformer, TransformerConfig, sinusoidal_table  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # defaults: every one can be overridden with --key=value
-only = "throughput,memory,looped,data,cuda,cpu"
+only = "throughput,cuda,cpu"
 quick = False            # reduced sizes (labelled as such in the tables), < 2 min on 2 cores
 out = "bench.json"
 reps = 0                 # timed repetitions per measurement; 0 = the section's default
@@ -64,8 +53,6 @@ peak_flops = 0.0         # cuda section: the device's bf16 dense peak; 0 = look 
 threads = 1              # torch.set_num_threads on CPU; 0 = torch's default (one per core). One, because
                          # on a shared machine two OpenMP threads that spin-wait for a busy core made
                          # steps 3-10x slower than one thread (measured on the 2-core dev box)
-
-SECTIONS = ("throughput", "memory", "looped", "data", "cuda", "cpu")
 
 # The paper's LRA configurations (model.py names).
 PATHFINDER = dict(n_layer=4, n_embd=128, n_head=8, ffn_mult=1)          # T = 1024
@@ -77,25 +64,19 @@ CPU_PRESET = dict(n_embd=64, n_head=4, ffn_mult=1)                      # train_
 # -----------------------------------------------------------------------------
 # Timing: interleaved repetitions, medians
 
-def synchronize(dev):
-    if str(dev).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def interleaved(fns, reps, warmup=1, dev="cpu"):
     """Time the zero-argument functions in `fns` (name -> fn) round-robin, the order
     reversed every other repetition (A B, B A, A B, ...). -> name -> list of seconds."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    synchronize(dev)
+    sync = torch.cuda.synchronize if str(dev).startswith("cuda") else lambda: None
+    for fn in list(fns.values()) * warmup:
+        fn()
     times = {name: [] for name in fns}
     for r in range(reps):
         for name in (list(fns) if r % 2 == 0 else list(reversed(list(fns)))):
-            synchronize(dev)
+            sync()
             t0 = time.perf_counter()
             fns[name]()
-            synchronize(dev)
+            sync()
             times[name].append(time.perf_counter() - t0)
     return times
 
@@ -129,11 +110,10 @@ class ReferenceEncoder(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.999), device_type="cpu"):
         """The same AdamW as Transformer.configure_optimizers: decay on linear matrices only."""
-        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "emb" not in n]
-        no_decay = [p for n, p in self.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                  {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=learning_rate, betas=betas, fused=(device_type == "cuda"))
+        decay = {n: p.dim() >= 2 and "emb" not in n for n, p in self.named_parameters()}
+        groups = [{"params": [p for n, p in self.named_parameters() if decay[n] == d], "weight_decay": w}
+                  for d, w in ((True, weight_decay), (False, 0.0))]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == "cuda"))
 
 
 def make_step(model, B, T, dev="cpu", autocast=nullcontext, compile_model=False, seed=0):
@@ -171,10 +151,8 @@ def throughput_row(name, dims, T, B, reps, dev="cpu", autocast=nullcontext, comp
     steps = {"ours": make_step(ours, B, T, dev, autocast, compile_model),
              "ref": make_step(ref, B, T, dev, autocast, compile_model)}
     times = interleaved(steps, reps, warmup=2 if compile_model else 1, dev=dev)
-    tokens = B * T
     return dict(config=name, T=T, B=B, **dims, reps=reps,
-                ours_tok_s=tokens / statistics.median(times["ours"]),
-                ref_tok_s=tokens / statistics.median(times["ref"]),
+                ours_tok_s=B * T / statistics.median(times["ours"]), ref_tok_s=B * T / statistics.median(times["ref"]),
                 ratio=paired_ratio(times["ref"], times["ours"]),      # > 1: we are faster
                 ours_s=times["ours"], ref_s=times["ref"]), ours
 
@@ -184,25 +162,9 @@ def throughput_row(name, dims, T, B, reps, dev="cpu", autocast=nullcontext, comp
 
 def markdown_table(rows, columns):
     """rows: list of dicts; columns: list of (key, header, format spec). Missing -> '-'."""
-    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    rule = "|" + "|".join("---" for _ in columns) + "|"
-    lines = [head, rule]
-    for r in rows:
-        cells = []
-        for key, _, fmt in columns:
-            v = r.get(key)
-            cells.append("-" if v is None else format(v, fmt) if fmt else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def machine_info(dev):
-    info = dict(python=platform.python_version(), torch=torch.__version__, cpu_count=os.cpu_count(),
-                torch_threads=torch.get_num_threads(), platform=platform.platform(), device=str(dev),
-                loadavg_start=os.getloadavg())
-    if str(dev).startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
+    cell = lambda v, fmt: "-" if v is None else format(v, fmt) if fmt else str(v)
+    return "\n".join(["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+                     + ["| " + " | ".join(cell(r.get(k), fmt) for k, _, fmt in columns) + " |" for r in rows])
 
 
 # -----------------------------------------------------------------------------
@@ -236,189 +198,7 @@ def bench_throughput(cfg, dev):
 
 
 # -----------------------------------------------------------------------------
-# 2. Peak memory against T: SDPA training path vs explicit attention maps
-
-def attention_backends(dev, T=256):
-    """Names of the attention kernels that ran in one training step of our model
-    (torch.profiler), e.g. aten::_scaled_dot_product_flash_attention_for_cpu."""
-    from torch.profiler import ProfilerActivity, profile
-    ours, _ = build_pair(PATHFINDER, T, dev=dev)
-    step = make_step(ours, 1, T, dev)
-    step()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(dev).startswith("cuda") else [])
-    with profile(activities=acts) as prof:
-        step()
-        synchronize(dev)
-    keys = sorted({e.key for e in prof.key_averages()})
-    return [k for k in keys if k.startswith(("aten::_scaled_dot_product", "aten::_flash_attention",
-                                             "aten::_efficient_attention", "aten::_cudnn_attention"))]
-
-
-def memory_point(path, T, dev="cpu"):
-    """Peak bytes that one training step at length T allocates above what was live
-    before it. CUDA: torch.cuda.max_memory_allocated. CPU: torch.profiler with
-    profile_memory=True records every allocation and free of torch's CPU allocator
-    (tracemalloc sees none of them); the peak of their running sum is the step's peak."""
-    ours, _ = build_pair(PATHFINDER, T, dev=dev)
-    c = ours.config
-    opt = ours.configure_optimizers(0.1, 1e-4, device_type=str(dev).split(":")[0])
-    explicit = path == "explicit"
-
-    def step(T):
-        idx = torch.randint(0, c.vocab_size, (1, T), device=dev)
-        h, _ = ours.encode(idx, return_attn=explicit)
-        loss = F.cross_entropy(ours.head(ours.pool(h)), torch.zeros(1, dtype=torch.long, device=dev))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step(16)                                       # optimizer state and kernels, at a tiny length
-    if str(dev).startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step(T)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(T)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:                       # + allocation, - free, in time order
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
-def growth_exponent(Ts, values):
-    """Slope of log(value) against log(T) over the two largest T: 1 = linear, 2 = quadratic."""
-    pts = [(t, v) for t, v in zip(Ts, values) if v and v > 0]
-    if len(pts) < 2:
-        return None
-    (t1, v1), (t2, v2) = pts[-2], pts[-1]
-    return math.log(v2 / v1) / math.log(t2 / t1)
-
-
-def bench_memory(cfg, dev):
-    on_cuda = str(dev).startswith("cuda")
-    if cfg["quick"]:
-        Ts = {"sdpa": [256, 512, 1024, 2048, 4096], "explicit": [256, 512, 1024, 2048]}
-    else:
-        Ts = {"sdpa": [512, 1024, 2048, 4096, 8192], "explicit": [256, 512, 1024, 2048]}
-    backends = attention_backends(dev)
-    print(f"\n## Peak memory of one training step against T (PathFinder dims, B=1, {dev})\n"
-          f"attention kernels that ran (torch.profiler): {', '.join(backends) or 'none found'}\n")
-    results = []
-    for path in ("sdpa", "explicit"):
-        for T in Ts[path]:
-            row = dict(path=path, T=T, MiB=memory_point(path, T, dev) / 2**20,
-                       attn_map_MiB=PATHFINDER["n_head"] * T * T * 4 / 2**20)
-            results.append(row)
-            print(f"  {path} T={T}: {row['MiB']:.1f} MiB", flush=True)
-    slopes = {p: growth_exponent([r["T"] for r in results if r["path"] == p],
-                                 [r["MiB"] for r in results if r["path"] == p]) for p in ("sdpa", "explicit")}
-    print()
-    print(markdown_table(results, [("path", "path", ""), ("T", "T", "d"), ("MiB", "peak step MiB", ".1f"),
-                                   ("attn_map_MiB", "one layer's (H,T,T) fp32 map MiB", ".1f")]))
-    print("\nlog-log growth exponent of memory vs T (two largest T; 1 = linear, 2 = quadratic): " +
-          ", ".join(f"{p} {s:.2f}" if s is not None else f"{p} -" for p, s in slopes.items()))
-    return dict(backends=backends, rows=results, growth_exponent=slopes,
-                method="torch.cuda.max_memory_allocated" if on_cuda else "torch.profiler(profile_memory=True): peak of the running sum of allocations")
-
-
-# -----------------------------------------------------------------------------
-# 3. The looped model: time per step against n_loops, five variants
-
-def bench_looped(cfg, dev):
-    from looped import VARIANTS, LoopedConfig, LoopedTransformer
-    torch.set_flush_denormal(True)     # as train_flt.py: denormals slowed CPU FLT runs ~4x
-    Ks = (1, 2, 4, 8, 12)
-    B, T = (4, 64) if cfg["quick"] else (8, 128)
-    reps = cfg["reps"] or (9 if cfg["quick"] else 21)
-    steps = {}
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 256, (B, T), generator=g).to(dev)
-    targets = torch.randint(0, 256, (B, T), generator=g).to(dev)
-    for variant in VARIANTS:
-        for K in Ks:
-            torch.manual_seed(0)
-            model = LoopedTransformer(LoopedConfig(vocab_size=256, block_size=T, n_layer=2, n_embd=128, n_head=4,
-                                                   n_loops=K, variant=variant)).to(dev).train()
-            opt = model.configure_optimizers(0.1, 1e-3, device_type=str(dev).split(":")[0])
-
-            def step(model=model, opt=opt):
-                _, loss = model(idx, targets)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            steps[(variant, K)] = step
-    print(f"\n## Looped model: time per training step against n_loops (n_layer=2, n_embd=128, B={B}, T={T}, "
-          f"{dev}, all {len(steps)} models interleaved, {reps} reps, medians)\n", flush=True)
-    times = interleaved(steps, reps, dev=dev)
-    results = []
-    for variant in VARIANTS:
-        t1 = times[(variant, 1)]
-        Kt = [statistics.median(times[(variant, K)]) for K in Ks]
-        slope, intercept = np.polyfit(Ks, Kt, 1)          # time(K) = fixed + K * per loop
-        row = dict(variant=variant, ms={K: 1e3 * t for K, t in zip(Ks, Kt)},
-                   per_loop_ms=1e3 * slope, fixed_ms=1e3 * intercept,
-                   max_dev_from_line=max(abs(t - (intercept + slope * K)) / t for K, t in zip(Ks, Kt)))
-        for K in Ks:
-            row[f"r{K}"] = paired_ratio(times[(variant, K)], t1)                    # time(K) / time(1)
-            row[f"vsLT{K}"] = paired_ratio(times[(variant, K)], times[("LT", K)])   # time / LT's time
-        row["loop_ratio_12"] = (row["ms"][12] - row["fixed_ms"]) / (row["ms"][1] - row["fixed_ms"])
-        results.append(row)
-    print(markdown_table(results, [("variant", "variant", "")] + [(f"r{K}", f"t({K})/t(1)", ".2f") for K in Ks[1:]] +
-                         [("per_loop_ms", "ms per loop", ".2f"), ("fixed_ms", "fixed ms", ".2f"),
-                          ("loop_ratio_12", "(t(12)-fixed)/(t(1)-fixed)", ".2f"),
-                          ("max_dev_from_line", "max dev. from line", ".1%")]))
-    print()
-    print(markdown_table(results, [("variant", "variant", "")] + [(f"vsLT{K}", f"/LT at K={K}", ".3f") for K in Ks]))
-    print("\nt(K)/t(1) includes the fixed cost (embedding, lm head, loss, AdamW) that does not loop; "
-          "'ms per loop' and the deviation of t(K) from a straight line test linear growth.")
-    off12 = {r["variant"]: abs(r["r12"] / 12 - 1) for r in results}
-    flt = max(r["vsLT" + str(K)] for r in results if r["variant"] == "FLT" for K in Ks)
-    print(f"goal t(12)/t(1) within 10% of 12: met by {[v for v, o in off12.items() if o <= 0.10] or 'none'}; "
-          f"goal FLT/LT <= 1.10 at every K: {'met' if flt <= 1.10 else 'NOT met'} (largest {flt:.3f})")
-    for row in results:
-        row["ms"] = {str(k): v for k, v in row["ms"].items()}
-    return dict(B=B, T=T, reps=reps, rows=results)
-
-
-# -----------------------------------------------------------------------------
-# 4. Data: generation rate and cache load time
-
-def bench_data(cfg, dev):
-    import data_lra
-    n_pf, n_lo = (200, 1000) if cfg["quick"] else (500, 2000)
-    results = []
-    t0 = time.perf_counter()
-    data_lra.generate_pathfinder(n_pf, seed=1, progress=False)
-    dt = time.perf_counter() - t0
-    results.append(dict(what=f"PathFinder32 generation (n={n_pf}, {os.cpu_count()} workers)", value=n_pf / dt, unit="examples/s"))
-    t0 = time.perf_counter()
-    data_lra.generate_listops(n_lo, seed=1, batch=min(20_000, 2 * n_lo), progress=False)
-    dt = time.perf_counter() - t0
-    results.append(dict(what=f"ListOps generation (n={n_lo})", value=n_lo / dt, unit="examples/s"))
-    with tempfile.TemporaryDirectory() as tmp:
-        data_lra.ensure_pathfinder(tmp, n=n_pf, progress=False)              # generate and cache once
-        loads = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            images, _ = data_lra.ensure_pathfinder(tmp, n=n_pf, progress=False)
-            loads.append(time.perf_counter() - t0)
-        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp) for f in fs)
-    results.append(dict(what=f"PathFinder cache load (n={n_pf}, {size / 2**20:.2f} MiB on disk, median of 5)",
-                        value=1e3 * statistics.median(loads), unit="ms"))
-    results.append(dict(what="PathFinder cache load rate", value=n_pf / statistics.median(loads), unit="examples/s"))
-    print("\n## Data\n")
-    print(markdown_table(results, [("what", "what", ""), ("value", "value", ".1f"), ("unit", "unit", "")]))
-    return dict(rows=results)
-
-
-# -----------------------------------------------------------------------------
-# 5. CUDA: tokens/s and model FLOPs utilisation with bf16 autocast and torch.compile
+# 2. CUDA: tokens/s and model FLOPs utilisation with bf16 autocast and torch.compile
 
 PEAK_BF16 = (("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("GH200", 989e12),
              ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("A10", 125e12), ("4090", 165e12))
@@ -426,10 +206,7 @@ PEAK_BF16 = (("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("GH200", 989
 
 def peak_bf16(name):
     """Dense bf16 tensor-core peak (FLOP/s) by device name, or None if unknown."""
-    for key, flops in PEAK_BF16:
-        if key in name:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16 if key in name), None)
 
 
 def flops_per_step(model, B, T):
@@ -492,7 +269,7 @@ def bench_cuda(cfg, dev):
 
 
 # -----------------------------------------------------------------------------
-# 6. Speed options for the CPU preset: which make a CPU step faster?
+# 3. Speed options for the CPU preset: which make a CPU step faster?
 
 def cpu_option_steps(dims, T, B):
     """name -> (zero-argument training step, images per call) for the plain step
@@ -548,52 +325,35 @@ def bench_cpu(cfg, dev):
     return dict(rows=results)
 
 
-BENCHES = dict(throughput=bench_throughput, memory=bench_memory, looped=bench_looped, data=bench_data,
-               cuda=bench_cuda, cpu=bench_cpu)
+BENCHES = dict(throughput=bench_throughput, cuda=bench_cuda, cpu=bench_cpu)
 
 
 # -----------------------------------------------------------------------------
 
-def check_out(path):
-    """--out replaces only a file bench.py wrote (its JSON says written_by: bench.py)."""
-    if not os.path.lexists(path):
-        return
-    try:
-        with open(path) as f:
-            ours = not os.path.islink(path) and json.load(f).get("written_by") == "bench.py"
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        raise FileExistsError(f"--out={path} exists and was not written by bench.py; choose another --out")
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv):
     argv = ["--quick=True" if a == "--quick" else a for a in argv]     # the bare flag, too
     cfg = configurator.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
                                                           "peak_flops", "threads")}, argv, __doc__)
-    configurator.check_ranges(cfg, nonnegative=("reps", "peak_flops", "threads"), seeds=())
-    dev = configurator.check_device(cfg["device"])
-    check_out(cfg["out"])
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg["device"] == "auto" else cfg["device"]
     if cfg["threads"] and dev == "cpu":
         torch.set_num_threads(cfg["threads"])
     chosen = [s.strip() for s in cfg["only"].split(",") if s.strip()]
-    unknown = set(chosen) - set(SECTIONS)
-    if unknown:
-        raise ValueError(f"unknown section(s) {sorted(unknown)} in --only; choose from {SECTIONS}")
-    report = dict(written_by="bench.py", config=cfg, machine=machine_info(dev), sections={})
-    m = report["machine"]
-    print(f"# bench.py{' --quick (REDUCED sizes)' if cfg['quick'] else ''}: torch {m['torch']}, {dev}"
-          f"{' (' + m['gpu'] + ')' if 'gpu' in m else ''}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
-          f"load average at start {m['loadavg_start'][0]:.2f}", flush=True)
+    if set(chosen) - set(BENCHES):
+        raise ValueError(f"unknown section(s) {sorted(set(chosen) - set(BENCHES))} in --only; choose from {list(BENCHES)}")
+    report = dict(config=cfg, torch=torch.__version__, device=dev, cpu_count=os.cpu_count(),
+                  loadavg_start=os.getloadavg(), sections={})
+    gpu = f" ({torch.cuda.get_device_name()})" if dev.startswith("cuda") else ""
+    print(f"# bench.py{' --quick (REDUCED sizes)' if cfg['quick'] else ''}: torch {torch.__version__}, {dev}{gpu}, "
+          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, load average at start "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
     t_start = time.perf_counter()
-    for section in SECTIONS:
-        if section in chosen:
-            t0 = time.perf_counter()
-            report["sections"][section] = BENCHES[section](cfg, dev)
-            report["sections"][section]["seconds"] = time.perf_counter() - t0
-            report["machine"]["loadavg_end"] = os.getloadavg()
-            runfiles.write_json(cfg["out"], report)          # after every section: partial results survive
+    for section in (s for s in BENCHES if s in chosen):
+        t0 = time.perf_counter()
+        report["sections"][section] = BENCHES[section](cfg, dev)
+        report["sections"][section]["seconds"] = time.perf_counter() - t0
+        report["loadavg_end"] = os.getloadavg()
+        with open(cfg["out"], "w") as f:                     # after every section: partial results survive
+            json.dump(report, f, indent=1, default=str)
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average at end {os.getloadavg()[0]:.2f}; "
           f"results in {cfg['out']}")
 

@@ -36,8 +36,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from plumbing import training  # noqa: E402
 import train_flt  # noqa: E402
+import training  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
 
 DEFAULTS = dict(steps=30, rounds=3, compile=True, loops=12, data="stdlib", out="",

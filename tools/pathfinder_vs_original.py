@@ -41,8 +41,6 @@ DEFAULTS = dict(
     lengths="6,9,14",           # contour lengths (LRA: 6 baseline, 9, 14)
     seed=0,
     out_dir="out/pathfinder_vs_original",
-    overwrite=False,            # allow writing into an out_dir that already has results.json (the original's
-                                # runs saved there are reused)
 )
 BRIDGES = (0, 1, 2, 3)  # gaps (px) the flood fill may jump
 THRESHOLDS = (32, 96)   # bright = above this grey level; the solver keeps the better of the two
@@ -166,18 +164,6 @@ def run_original(snakes, snakes2, length, n, seed):
     return out
 
 
-def original_run(original, out_dir, length, n, seed):
-    """run_original, kept in out_dir as original-L<length>-n<n>-seed<seed>.npz and read back
-    from there next time (the original's images do not change; ours are always redrawn)."""
-    path = os.path.join(out_dir, f"original-L{length}-n{n}-seed{seed}.npz")
-    if os.path.exists(path):
-        with np.load(path) as z:
-            return {k: z[k] for k in z.files}
-    run = run_original(*original, length, n, seed)
-    np.savez_compressed(path, **run)
-    return run
-
-
 def run_ours(length, n, seed):
     """The same record for pathfinder.py; target layers redrawn from the geometry it returns."""
     rng = np.random.default_rng(seed)
@@ -278,22 +264,14 @@ def main(argv):
     lengths = [int(x) for x in str(cfg["lengths"]).split(",") if x.strip()]
     if cfg["n"] < 8 or not lengths or any(L < 3 for L in lengths):
         raise ValueError("--n must be at least 8 and --lengths a comma list of contour lengths >= 3")
-    if os.path.exists(os.path.join(cfg["out_dir"], "results.json")) and not cfg["overwrite"]:
-        raise FileExistsError(f"{cfg['out_dir']} has results already; pass --overwrite=True or another --out_dir")
     original = load_original(cfg["original"]) if cfg["original"] else None
     os.makedirs(cfg["out_dir"], exist_ok=True)
-    with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
-        json.dump(dict(cfg, command="python tools/pathfinder_vs_original.py " + " ".join(argv)), f, indent=1)
-    runs, results = {"ours": {}}, {"ours": {}}
-    if original:
-        runs["original"], results["original"] = {}, {}
+    generators = {"ours": run_ours} | ({"original": lambda *a: run_original(*original, *a)} if original else {})
+    runs, results = {g: {} for g in generators}, {g: {} for g in generators}
     for L in lengths:
-        asked = pathfinder.distractors_asked(L)[0]
-        if original:
-            runs["original"][L] = original_run(original, cfg["out_dir"], L, cfg["n"], cfg["seed"] + L)
-            results["original"][str(L)] = measure(runs["original"][L], asked)
-        runs["ours"][L] = run_ours(L, cfg["n"], cfg["seed"] + L)
-        results["ours"][str(L)] = measure(runs["ours"][L], asked)
+        for g, generate in generators.items():
+            runs[g][L] = generate(L, cfg["n"], cfg["seed"] + L)
+            results[g][str(L)] = measure(runs[g][L], pathfinder.distractors_asked(L)[0])
         print(f"length {L} done", flush=True)
     text = table(results, lengths)
     print(text)

@@ -1,7 +1,8 @@
 """The README's two figures, drawn from the quick start's own run folders (README, "Quick
 start"; run the two pairs first):
 
-    python tools/readme_figures.py          # -> assets/readme_spt.png, assets/readme_flt.png
+    python tools/readme_figures.py               # -> out/readme_figures/readme_spt.png, readme_flt.png
+    python tools/readme_figures.py --out=assets  # refresh the README's own PNGs
 
 Paper A (--spt, --scratch): val accuracy by epoch of both runs, with the SPT run's epochs
 counted after its SPT; then the layer-0 attention of one val sequence, head-averaged,
@@ -22,34 +23,46 @@ sys.path.insert(0, ROOT)
 
 import analysis  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
-from plumbing.training import load_weights, read_log  # noqa: E402
+from train_spt import build_model, load_data  # noqa: E402
+from training import load_weights, read_log  # noqa: E402
 
 DEFAULTS = dict(spt="out/quick/spt", scratch="out/quick/scratch", lt="out/quick/LT_K12", flt="out/quick/FLT_K12",
-                out="assets")
+                out="out/readme_figures")
 
 
 def finished(d):
     """A run folder's config and summary; a clear error when the run has not finished."""
     if not os.path.exists(os.path.join(d, "summary.json")):
         raise FileNotFoundError(f"{d} holds no finished run (no summary.json): run the README's quick start first")
-    with open(os.path.join(d, "config.json")) as f, open(os.path.join(d, "summary.json")) as g:
-        return json.load(f), json.load(g)
+    return [json.load(open(os.path.join(d, name))) for name in ("config.json", "summary.json")]
 
 
 def finetuned_attention(d):
     """Layer 0's attention on the first val sequence, head-averaged, after finetuning (T, T)."""
-    import train_spt
-    from plumbing import spt_data
     cfg, _ = finished(d)
-    val = spt_data.load_data(cfg["task"], "val", cfg)
-    model = train_spt.build_model(cfg, [val])
+    val = load_data(cfg["task"], "val", cfg)
+    model = build_model(cfg, [val])
     load_weights(model, os.path.join(d, "finetune_best.pt"))
     maps, _ = analysis.attention_maps(model, val, "cpu", n=1)
     return maps[0][0].mean(0)
 
 
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def spt_figure(spt, scratch, path):
-    plt, (fig, axes) = analysis.plt_figure(1, 3, figsize=(13, 3.6))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for d, name, c in ((spt, "SPT, then finetuning", "tab:red"), (scratch, "from scratch", "tab:blue")):
         cfg, s = finished(d)
         rec = [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
@@ -65,12 +78,12 @@ def spt_figure(spt, scratch, path):
         mass = finished(d)[1]["mass_w2_finetune"]
         ax.set_title(f"attention, {name}\nmass within |i-j|<=2: {mass:.2f}", fontsize=9)
         ax.set_xlabel("key position"), ax.set_ylabel("query position")
-    fig.tight_layout()
-    analysis.save_figure(plt, fig, path, 80)
+    save(plt, fig, path)
 
 
 def flt_figure(lt, flt, path):
-    plt, (fig, (ax_loss, ax_res)) = analysis.plt_figure(1, 2, figsize=(11, 3.6))
+    plt = pyplot()
+    fig, (ax_loss, ax_res) = plt.subplots(1, 2, figsize=(11, 3.6))
     for d, c in ((lt, "tab:red"), (flt, "tab:blue")):
         cfg, s = finished(d)
         log = read_log(d)
@@ -84,12 +97,11 @@ def flt_figure(lt, flt, path):
     ax_loss.set_title("Paper B: the plain loop (LT) against FLT", fontsize=10)
     ax_res.set_yscale("log"), ax_res.set_xlabel("step"), ax_res.set_ylabel("residual norm, last loop")
     ax_res.set_title("the residual stream after the last loop", fontsize=10), ax_res.legend(fontsize=8)
-    fig.tight_layout()
-    analysis.save_figure(plt, fig, path, 80)
+    save(plt, fig, path)
 
 
-def main(argv=None):
-    cfg = configure(DEFAULTS, sys.argv[1:] if argv is None else argv, __doc__)
+def main(argv):
+    cfg = configure(DEFAULTS, argv, __doc__, __file__)
     for key in ("spt", "scratch", "lt", "flt"):
         finished(cfg[key])                                  # every folder checked before drawing anything
     os.makedirs(cfg["out"], exist_ok=True)

@@ -2,17 +2,16 @@
 When does SPT leave its plateau on PathFinder, and how local is attention by then?
 For each train_spt.py run folder: the SPT val loss after every epoch (log.jsonl),
 the first step at which it is below --threshold (PathFinder's plateau is the
-pixels' unigram entropy, about 0.79 nats), and the layer-0 attention mass in the
-3 x 3 grid neighbourhood (as a multiple of uniform attention) of the fresh model
-and of every SPT checkpoint the run kept (spt_epochN.pt: --save_epochs), on the
-first --n validation images.
+pixels' unigram entropy), and the layer-0 attention mass in the 3 x 3 grid
+neighbourhood (as a multiple of uniform attention) of the fresh model and of every
+SPT checkpoint the run kept (spt_epochN.pt: --save_epochs), on the first --n
+validation images.
 
     python tools/spt_plateau.py --runs=out/amos/plateau/amos_s0,out/amos/plateau/torch_s0
-    python tools/spt_plateau.py --runs=RUN --epoch_only=True   # the first epoch below the
-                                                               # threshold (else the last)
 """
 
 import glob
+import json
 import math
 import os
 import re
@@ -21,38 +20,26 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import analysis  # noqa: E402  (the repository root, added just above)
-import train_spt  # noqa: E402
 from configurator import configure, run_cli  # noqa: E402
-from plumbing.spt_data import load_data  # noqa: E402
-from plumbing.training import load_checkpoint, load_weights, read_log, setup_runtime  # noqa: E402
+from train_spt import build_model, load_data  # noqa: E402
+from training import load_weights, read_log, setup_runtime  # noqa: E402
 
-DEFAULTS = dict(runs="", threshold=0.70, n=16, epoch_only=False)
-
-
-def spt_epochs(run):
-    """[(epoch, step, val loss)] of the run's SPT phase, in order."""
-    return [(r["epoch"], r["step"], r["val_loss"]) for r in read_log(run)
-            if r.get("phase") == "spt" and "val_loss" in r]
-
-
-def first_below(epochs, threshold):
-    """The first (epoch, step, loss) below threshold, or None."""
-    return next((e for e in epochs if e[2] < threshold), None)
-
-
-def epoch_of(path):
-    return int(re.search(r"spt_epoch(\d+)\.pt$", path).group(1))
+DEFAULTS = dict(runs="",           # comma list of train_spt.py run folders
+                threshold=0.70,    # the SPT val loss that counts as off the plateau
+                n=16)              # val images the attention mass is read on
 
 
 def grid_mass(run, n):
     """{epoch: layer-0 3x3 mass / uniform} for the fresh model (epoch 0) and each spt_epochN.pt."""
+    epoch_of = lambda path: int(re.search(r"spt_epoch(\d+)\.pt$", path).group(1))
     paths = sorted(glob.glob(os.path.join(run, "spt_epoch*.pt")), key=epoch_of)
     if not paths:
         return {}
-    cfg = load_checkpoint(paths[0])["config"]
+    with open(os.path.join(run, "config.json")) as f:
+        cfg = json.load(f)
     rt = setup_runtime("cpu", "float32", cfg["seed"])
     val = load_data(cfg["task"], "val", cfg)
-    model = train_spt.build_model(cfg, [val])                 # seeded as the run was: its init
+    model = build_model(cfg, [val])                 # seeded as the run was: its init
 
     def mass():
         maps, _ = analysis.attention_maps(model, val, rt.device, n)
@@ -67,11 +54,11 @@ def grid_mass(run, n):
 
 
 def report(run, threshold, n):
-    epochs = spt_epochs(run)
+    epochs = [(r["epoch"], r["step"], r["val_loss"]) for r in read_log(run) if r.get("phase") == "spt" and "val_loss" in r]
     if not epochs:
         raise FileNotFoundError(f"{run}: no SPT epoch in its log.jsonl; is it an SPT run of train_spt.py?")
     masses = grid_mass(run, n)
-    hit = first_below(epochs, threshold)
+    hit = next((e for e in epochs if e[2] < threshold), None)
     lines = [f"{run}: SPT val loss below {threshold} " + (f"after epoch {hit[0]} (step {hit[1]}, {hit[2]:.4f})"
                                                           if hit else f"never in {epochs[-1][1]} steps"),
              "| epoch | step | SPT val loss | 3x3 mass / uniform |", "|---|---|---|---|"]
@@ -82,21 +69,14 @@ def report(run, threshold, n):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    cfg = configure(DEFAULTS, argv, __doc__)
+def main(argv):
+    cfg = configure(DEFAULTS, argv, __doc__, __file__)
     runs = [r for r in cfg["runs"].split(",") if r]
     if not runs:
         raise ValueError("give the run folders: --runs=DIR[,DIR...]")
     for run in runs:
         if not os.path.exists(os.path.join(run, "log.jsonl")):
             raise FileNotFoundError(f"{run}/log.jsonl does not exist; give train_spt.py run folders")
-    if cfg["epoch_only"]:
-        epochs = spt_epochs(runs[0])
-        hit = first_below(epochs, cfg["threshold"]) or (epochs[-1] if epochs else None)
-        if hit is None:
-            raise FileNotFoundError(f"{runs[0]}: no SPT epoch in its log.jsonl")
-        print(hit[0])
-        return hit[0]
     out = "\n\n".join(report(run, cfg["threshold"], cfg["n"]) for run in runs)
     print(out)
     return out

@@ -73,11 +73,6 @@ def queries_keys(model, tokens):
         return h, attn.split_heads(attn.W_Q(h)), attn.split_heads(attn.W_K(h))
 
 
-def qk_params(model):
-    attn = model.blocks[0].attn
-    return [attn.W_Q.weight, attn.W_Q.bias, attn.W_K.weight, attn.W_K.bias]
-
-
 def score_change(model, tokens, step):
     """First-order change of the scores S = Q K^T / sqrt(d_head), Q = h W_Q^T + b_Q,
     K = h W_K^T + b_K, h = ln_1(x), for the step (dW_Q, db_Q, dW_K, db_K):
@@ -127,7 +122,9 @@ def measure(tokens, data, seed, n_batches, batch_size, width, init):
 
         for name, model in real.items():                                             # part 3
             gs, gr = qk_gradients(model, x, y, masked, data.mask_id)
-            rand = [torch.randn(p.shape, generator=g_step, dtype=p.dtype) for p in qk_params(model)]
+            attn = model.blocks[0].attn
+            rand = [torch.randn(p.shape, generator=g_step, dtype=p.dtype)
+                    for p in (attn.W_Q.weight, attn.W_Q.bias, attn.W_K.weight, attn.W_K.bias)]
             c_sup = cosine(score_change(model, x, [-t for t in gs]), P)
             c_rec = cosine(score_change(model, x, [-t for t in gr]), P)
             add(f"{name}_sup", c_sup.abs().mean())
@@ -191,12 +188,6 @@ def rows():
     ] + [(f"{init}_{key}", label.format(init)) for part in (PART3, PART4) for init in INITS for key, label in part]
 
 
-def local_keys():
-    """The abs cos rows compared between the walks and the i.i.d. control."""
-    return ["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS] + [f"{i}_S_{loss}" for i in INITS
-                                                                 for loss in ("sup", "rec")]
-
-
 def spread(xs, signed=False):
     """'mean ± std [min, max]' over seeds."""
     t = torch.tensor(xs, dtype=torch.float64)
@@ -227,7 +218,7 @@ def print_table(per, n_seeds, width, T, init):
     for key in signed_keys:
         print(f"  {key}: walks {sign_verdict(per['walks'][key])}; i.i.d. {sign_verdict(per['iid'][key])}")
     print("share of each abs cos above the i.i.d. control, 1 - iid/walks, paired by seed:")
-    for key in local_keys():
+    for key in ["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS] + [f"{i}_S_{x}" for i in INITS for x in ("sup", "rec")]:
         print(f"  {key}: {spread([1 - i / w for w, i in zip(per['walks'][key], per['iid'][key])], True)}")
 
 
