@@ -9,11 +9,8 @@ arrays (train, val) that get_batch draws from:
   a text file its bytes, 90% train / 10% val
   a folder    nanoGPT-style train.bin / val.bin of uint16 token ids
 
-Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache),
-listops_expression, listops_corpus (its answers by data_lra.listops_value, the
-evaluator the LRA ListOps task uses too), load_data (the switch), get_batch
-(training batches), eval_set (the fixed eval set), unigram_entropy (the
-context-free loss).
+Read top to bottom: stdlib_docstrings, prepare_stdlib (the cache), listops_expression, listops_corpus
+(valued by data_lra.listops_value), load_data, get_batch, eval_set, unigram_entropy (context-free loss).
 """
 
 import ast
@@ -27,9 +24,8 @@ from tqdm import tqdm
 
 import data_lra
 
-# The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are
-# shuffled, and the ListOps expressions drawn, with this seed, so every run trains on the
-# same split and is scored on the same held-out text.
+# The corpora are one fixed draw, whatever a run's --seed: the stdlib docstrings are shuffled, and the
+# ListOps expressions drawn, with this seed, so every run trains and is scored on the same text.
 CORPUS_SEED = 0
 
 
@@ -63,26 +59,23 @@ STDLIB_VERSION = 1     # bump when the corpus recipe changes, so old caches are 
 
 
 def prepare_stdlib(data_dir, root=None):
-    """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED, so the split is
-    representative and the same for every run), join, and cache the bytes as uint8 train.bin / val.bin (90/10).
-    A sidecar stdlib.json holds the recipe version, the source folder and the Python version
-    (another Python's docstrings differ) and each file's sha256 (data_lra.write_sidecar); a
-    cache that disagrees with it (truncated, edited, older, of another Python) is rebuilt."""
+    """Gather the stdlib docstrings once, shuffle them (CORPUS_SEED), join, and cache the bytes as
+    uint8 train.bin / val.bin (90/10). Its sidecar stdlib.json holds the recipe version, the source
+    folder, the Python version (another Python's docstrings differ) and the files' sizes; a cache that
+    disagrees (cut, older, of another Python) is rebuilt. (About 3 s: not kept in parts.)"""
     paths = [os.path.join(data_dir, f"{name}.bin") for name in ("train", "val")]
-    source = os.path.abspath(root or sysconfig.get_paths()["stdlib"])
-    key = dict(corpus="stdlib", version=STDLIB_VERSION, source=source, python=platform.python_version())
+    key = dict(corpus="stdlib", version=STDLIB_VERSION, source=os.path.abspath(root or sysconfig.get_paths()["stdlib"]),
+               python=platform.python_version())
     sidecar = os.path.join(data_dir, "stdlib.json")
     with data_lra.cache_lock(sidecar):                          # a second run at once waits, then reads it
-        if not data_lra.sidecar_matches(sidecar, key, paths):
+        if not data_lra.cache_complete(sidecar, key, paths):
             docs = stdlib_docstrings(root)
             order = np.random.default_rng(CORPUS_SEED).permutation(len(docs))
             raw = np.frombuffer("\n\n".join(docs[i] for i in order).encode("utf-8"), dtype=np.uint8)
-            n = int(0.9 * len(raw))
-            for path, part in zip(paths, (raw[:n], raw[n:])):
-                data_lra.write_atomically(path, part.tofile)       # as LRA's caches: never half a file
-            data_lra.write_sidecar(sidecar, key, paths)
-            print(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {root or 'the stdlib'} "
-                  f"into {data_dir}/train.bin, val.bin")
+            for path, part in zip(paths, np.split(raw, [int(0.9 * len(raw))])):
+                data_lra.write_atomically(path, part.tofile)
+            data_lra.mark_complete(sidecar, key, paths)
+            tqdm.write(f"gathered {len(docs)} docstrings ({len(raw) / 1e6:.2f} MB) from {key['source']} into {data_dir}")
         return tuple(np.fromfile(p, dtype=np.uint8) for p in paths)
 
 
@@ -100,11 +93,10 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
     """n distinct expressions written as text, then '=', then their value, e.g.
     '[MAX 2 [SM 3 9 ] 0 ]=2', as an int64 array (n, 2, block_size): row 0 the input
     bytes (space-padded), row 1 the targets, -1 everywhere but at '=', whose target
-    is the answer digit. So the loss, and the accuracy, read the answer only: how
-    well the model evaluates the expression, a computation more loops can help.
-    Expressions longer than block_size + 1 bytes are drawn again; when 20,000 draws in a
-    row bring nothing new, there are no more to find (depth 1 has about 4,400), and fewer
-    than n is refused."""
+    is the answer digit. So the loss, and the accuracy, read the answer only: how well the
+    model evaluates the expression, a computation more loops can help. Longer than block_size
+    + 1 bytes: drawn again; 20,000 draws in a row with nothing new: there are no more (depth 1
+    has about 4,400), and fewer than n is refused."""
     rng, seen, rows, last_new = np.random.default_rng(seed), set(), [], 0
     for draw in tqdm(range(50 * n), desc="listops", leave=False):
         if draw - last_new > 20_000:                          # none new in 20,000 draws: as many as there are
@@ -113,8 +105,7 @@ def listops_corpus(n, depth, block_size, seed=CORPUS_SEED):
         text = f"{' '.join(tokens)}={data_lra.listops_value(tokens)}".encode()
         if len(text) <= block_size + 1 and text not in seen:
             seen.add(text)
-            xy = np.full((2, block_size), -1, dtype=np.int64)
-            xy[0] = ord(" ")
+            xy = np.array([[ord(" ")] * block_size, [-1] * block_size], dtype=np.int64)
             xy[0, :len(text) - 1] = list(text[:-1])
             xy[1, len(text) - 2] = text[-1]                   # the target after '=' is the value
             rows.append(xy)
@@ -135,30 +126,22 @@ def load_data(cfg):
         rows = listops_corpus(cfg["listops_examples"] + n_val, cfg["listops_depth"], cfg["block_size"])
         return rows[n_val:], rows[:n_val], 256, False
     if cfg["data"] == "stdlib":
-        train, val = prepare_stdlib(cfg["data_dir"])
-        return train, val, 256, True
+        return (*prepare_stdlib(cfg["data_dir"]), 256, True)
     if os.path.isdir(cfg["data"]):
         paths = [os.path.join(cfg["data"], f) for f in ("train.bin", "val.bin")]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise FileNotFoundError(f"--data={cfg['data']} is a folder but {', '.join(missing)} is missing; "
-                                    f"a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
-        for p in paths:
-            if os.path.getsize(p) % 2 or os.path.getsize(p) == 0:
-                raise ValueError(f"{p} holds {os.path.getsize(p)} bytes, not a whole number of uint16 "
-                                 f"token ids (2 bytes each); is it a nanoGPT-style token file?")
+        for p in (p for p in paths if not os.path.exists(p)):
+            raise FileNotFoundError(f"{p}: missing; a token folder holds nanoGPT-style train.bin and val.bin (uint16 ids)")
         train, val = (np.memmap(p, dtype=np.uint16, mode="r") for p in paths)
-        for name, part in (("train.bin", train), ("val.bin", val)):
-            if len(part) <= 5e7 and len(part) and int(part.max()) >= cfg["vocab_size"]:
-                raise ValueError(f"{name} holds token id {int(part.max())} >= --vocab_size={cfg['vocab_size']}; "
-                                 f"set --vocab_size to the tokenizer's vocabulary size")
+        top = max([int(part.max()) for part in (train, val) if 0 < len(part) <= 5e7] + [0])
+        if top >= cfg["vocab_size"]:
+            raise ValueError(f"{cfg['data']} holds token id {top} >= --vocab_size={cfg['vocab_size']}; "
+                             f"set --vocab_size to the tokenizer's vocabulary size")
         return train, val, cfg["vocab_size"], False
     if os.path.isfile(cfg["data"]):
         raw = np.fromfile(cfg["data"], dtype=np.uint8)
         n = int(0.9 * len(raw))
         return raw[:n], raw[n:], 256, True
-    raise FileNotFoundError(f"--data={cfg['data']}: no such file or folder. Give 'stdlib', a text file, "
-                            f"or a folder holding train.bin and val.bin")
+    raise FileNotFoundError(f"--data={cfg['data']}: no such file or folder. Give 'stdlib', a text file, or a folder")
 
 
 def get_batch(data, cfg, step, micro=0, rank=0, device="cpu"):
@@ -175,16 +158,15 @@ def get_batch(data, cfg, step, micro=0, rank=0, device="cpu"):
     xy = torch.from_numpy(np.stack([np.asarray(data[i:i + T + 1], dtype=np.int64) for i in ix]))
     x, y = xy[:, :-1], xy[:, 1:]
     if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+        x, y = x.pin_memory(), y.pin_memory()
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 def eval_set(val, cfg):
     """The fixed eval set (x, y), tensors (N, block_size): a function of the val split
-    and the flags below only, never of the seed, so every seed and variant of a corpus
-    is scored on the same text. ListOps: every held-out expression (all N =
-    --listops_val of them, each once). A byte or token stream: N = eval_batches *
-    batch_size windows starting at evenly spaced offsets over the whole val split."""
+    and the flags below only, never of the seed, so every seed and variant of a corpus is
+    scored on the same text. ListOps: every held-out expression (N = --listops_val), once.
+    A byte or token stream: eval_batches * batch_size windows evenly spaced over val."""
     if val.ndim == 3:
         xy = torch.from_numpy(np.asarray(val))
         return xy[:, 0], xy[:, 1]

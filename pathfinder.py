@@ -1,62 +1,55 @@
 """
-PathFinder and Path-X images (Linsley et al. 2018, "snakes"; the data of the Long
-Range Arena tasks), generated with numpy alone. This file imports nothing else
-from this project: copy it and call
+PathFinder and Path-X images (Linsley et al. 2018, "snakes"; the data of the Long Range Arena tasks),
+generated with numpy alone. This file imports nothing else from this project: copy it and call
 
     images, info = pathfinder_batch(np.random.default_rng(0), labels=[0, 1, 1], contour_length=14)
 
-It follows the original generator (github.com/drewlinsley/pathfinder: `snakes.py` for
-one contour, `snakes2.py` for the two targets and the markers) run with the arguments
-LRA published for its data (google-research/long-range-arena,
-`lra_benchmarks/data/pathfinder.py`, the Pathfinder32 and Pathfinder128 docstrings).
-Everything happens on the pixel grid, as there:
+It follows the original generator (github.com/drewlinsley/pathfinder: `snakes.py` for one contour,
+`snakes2.py` for the two targets and the markers) run with the arguments LRA published for its data
+(google-research/long-range-arena, `lra_benchmarks/data/pathfinder.py`, the Pathfinder32 and
+Pathfinder128 docstrings). Everything happens on the pixel grid, as there:
 
-- A paddle is a line of `paddle_length` px drawn at `antialias` x resolution, one
-  (blown-up) pixel wide at 32 px, and shrunk with a Lanczos filter (as Pillow's
-  resize, which scipy.misc.imresize called). Its "mask" is the same line dilated by
-  `margin` before shrinking: soft values in [0, 1].
-- Images keep a soft occupancy mask: the sum of the masks already drawn. A new
-  paddle is refused when mask + its own mask reaches COLLISION (1.8) anywhere, so
-  two dilated paddles may overlap partly: contours can touch.
-- A contour grows from a joint ("pivot", a whole pixel) L + 2 margin past the last one.
-  The next paddle's far end is drawn among the whole pixels (truncated) on the circle of
-  radius L + margin around the joint, weighted by cos^2(min(continuity |turn|, pi/2))
-  times (1 - mask dilated by margin) at that pixel; up to PADDLE_TRIES draws pass the
-  collision test or the contour fails. A contour's own newest paddle is not yet in
-  the mask (it joins at the next step), so consecutive paddles may overlap.
-- Two targets: the first starts on a free pixel of the central square (2 seed_distance
-  from every border), the second seed_distance away in a random direction; they grow
-  one paddle each in turn, and an attempt that fails is drawn again from scratch.
-- Distractors: 20 // (L // 3) contours of contour_length // 3 paddles at 32 px (35 at
-  128), each seeded on a pixel where its first paddle is free, SNAKE_TRIES tries each;
-  what does not fit is left out.
-- Targets are drawn at paddle_contrast x snake_contrast (0.75 x 2 = 1.5 at 32 px),
-  distractors at snake_contrast (2.0): distractors are brighter. Markers are discs of
-  marker_radius at 1.0, one on the first target's origin tip (a target drawn at random)
-  and one on the far tip of the same target (label 1) or of the other (label 0); the
-  label is drawn at random and nothing controls the marker distance.
-- The image (the maximum of all of it) is saved by dividing by its own maximum
-  (scipy.misc.imsave's byte scaling): the brightest pixel is 255.
+- A paddle is a line of `paddle_length` px drawn at `antialias` x resolution, one (blown-up) pixel wide at
+  32 px, and shrunk with a Lanczos filter (as Pillow's resize, which scipy.misc.imresize called). Its "mask"
+  is the same line dilated by `margin` before shrinking: soft values in [0, 1].
+- Images keep a soft occupancy mask: the sum of the masks already drawn. A new paddle is refused when mask +
+  its own mask reaches COLLISION (1.8) anywhere, so two dilated paddles may overlap partly: contours can
+  touch.
+- A contour grows from a joint ("pivot", a whole pixel) L + 2 margin past the last one. The next paddle's
+  far end is drawn among the whole pixels (truncated) on the circle of radius L + margin around the joint,
+  weighted by cos^2(min(continuity |turn|, pi/2)) times (1 - mask dilated by margin) at that pixel; up to
+  PADDLE_TRIES draws pass the collision test or the contour fails. A contour's own newest paddle is not yet
+  in the mask (it joins at the next step), so consecutive paddles may overlap.
+- Two targets: the first starts on a free pixel of the central square (2 seed_distance from every border),
+  the second seed_distance away in a random direction; they grow one paddle each in turn, and an attempt
+  that fails is drawn again from scratch.
+- Distractors: 20 // (L // 3) contours of contour_length // 3 paddles at 32 px (35 at 128), each seeded on a
+  pixel where its first paddle is free, SNAKE_TRIES tries each; what does not fit is left out.
+- Targets are drawn at paddle_contrast x snake_contrast (0.75 x 2 = 1.5 at 32 px), distractors at
+  snake_contrast (2.0): distractors are brighter. Markers are discs of marker_radius at 1.0, one on the
+  first target's origin tip (a target drawn at random) and one on the far tip of the same target (label 1)
+  or of the other (label 0); the label is drawn at random and nothing controls the marker distance.
+- The image (the maximum of all of it) is saved by dividing by its own maximum (scipy.misc.imsave's byte
+  scaling): the brightest pixel is 255.
 
-Quirks of the original, kept as options whose default is the original's behaviour
-(the behaviour LRA's released images carry):
-- `border_quirk` [True]: a seed is placed by dilating the occupancy (with its one-pixel
-  frame) by the paddle's footprint with OpenCV, whose floating-point border is -DBL_MAX.
-  For most orientations some frame pixel then comes out negative and the seed fails:
-  at 32 px only -150..-121 degrees pass (real OpenCV 4.10 agrees). So the first target
-  always starts in that direction and most distractors are never placed (the original:
-  3.3 of 10 asked at length 6, 1.7 of 6 at 9, 1.15 of 5 at 14; so here too).
-  False: every orientation may seed (distractors placed close to the count asked).
-- `all_pairs` [False]: the original checks a target's new paddle against a mask that
-  lacks the other target's newest paddle, and hands the distractors a mask without the
-  first target's last paddle. True: those paddles are checked too.
-- `normalise` [True]: divide each image by its maximum. False: intensity 1.0 = 255,
-  clipped (markers always 255, distractors saturate).
-Also an option: `match_distance` [False]: positives and negatives drawn from the same
-distribution of marker distance (the original does not control it).
+Quirks of the original, kept as options whose default is the original's behaviour (the behaviour LRA's
+released images carry):
+- `border_quirk` [True]: a seed is placed by dilating the occupancy (with its one-pixel frame) by the
+  paddle's footprint with OpenCV, whose floating-point border is -DBL_MAX. For most orientations some frame
+  pixel then comes out negative and the seed fails: at 32 px only -150..-121 degrees pass (real OpenCV 4.10
+  agrees). So the first target always starts in that direction and most distractors are never placed (the
+  original: 3.3 of 10 asked at length 6, 1.7 of 6 at 9, 1.15 of 5 at 14; so here too). False: every
+  orientation may seed (distractors placed close to the count asked).
+- `all_pairs` [False]: the original checks a target's new paddle against a mask that lacks the other
+  target's newest paddle, and hands the distractors a mask without the first target's last paddle. True:
+  those paddles are checked too.
+- `normalise` [True]: divide each image by its maximum. False: intensity 1.0 = 255, clipped (markers always
+  255, distractors saturate).
+Also an option: `match_distance` [False]: positives and negatives drawn from the same distribution of
+marker distance (the original does not control it).
 
-Departure: lines wider than one blown-up pixel (Path-X, 128 px) are rasterised as the
-pixels within half the width of the segment; Pillow draws them as polygons.
+Departure: lines wider than one blown-up pixel (Path-X, 128 px) are rasterised as the pixels within half the
+width of the segment; Pillow draws them as polygons.
 """
 
 import functools
@@ -213,12 +206,6 @@ class Sprites:
         dx = np.ceil(self.centre + r * np.cos(angle)) - self.centre
         return ((dy + r) * (2 * r + 1) + dx + r).astype(np.int64)
 
-    def offset(self, key):
-        """Flat sprite index -> (dy, dx) of the paddle's end at antialias scale."""
-        side = 2 * self.reach + 1
-        return np.stack([key // side - self.reach, key % side - self.reach], -1)
-
-
 @functools.lru_cache(maxsize=None)
 def sprites(resolution, margin):
     """The Sprites of a resolution and margin, built once per process."""
@@ -250,11 +237,6 @@ def paste(canvas, rows, y, x, patches, R, h):
     flat[index] = np.maximum(flat[index], patches * inside)
 
 
-def patch_at(canvas, rows, y, x, h):
-    """The (2h + 1)^2 patches of canvas[rows] around pixels (y, x) (k,)."""
-    return canvas.reshape(-1)[_patch_index(canvas, rows, y, x, h)]
-
-
 def translate(point, angle, distance):
     """snakes.translate_coord: step from whole pixel(s) (k, 2) as (y, x), rounding up."""
     return np.ceil(point + distance * np.stack([np.sin(angle), np.cos(angle)], -1)).astype(np.int64)
@@ -263,10 +245,6 @@ def translate(point, angle, distance):
 def reverse(angle):
     """The original's flip by pi, into (-pi, pi]."""
     return np.where(angle < 0, angle + np.pi, angle - np.pi)
-
-
-def inside(point, R):
-    return ((point >= 0) & (point < R)).all(-1)
 
 
 def _draw(rng, weights):
@@ -315,7 +293,8 @@ def extend(rng, p, sp, margin, R, mask, rows, pivot, angle):
         j = _draw(rng, weights[r])
         head = cand[r, j]
         key = sp.key(reverse(heading[r, j]))
-        clear = (patch_at(mask, rows[r], head[:, 0], head[:, 1], h) + sp.mask[key]).max((1, 2)) < COLLISION
+        around = mask.reshape(-1)[_patch_index(mask, rows[r], head[:, 0], head[:, 1], h)]
+        clear = (around + sp.mask[key]).max((1, 2)) < COLLISION
         found[r[clear]], pick[r[clear]] = True, j[clear]
     each = np.arange(k)
     new_angle = heading[each, pick]
@@ -324,18 +303,6 @@ def extend(rng, p, sp, margin, R, mask, rows, pivot, angle):
 
 # -----------------------------------------------------------------------------
 # seeds (snakes.seed_snake, snakes2.initialize_two_seeds)
-
-
-def _random_degrees(rng, k):
-    return rng.integers(-180, 180, k) * np.pi / 180
-
-
-def _free_pixel(rng, free):
-    """A pixel drawn uniformly among the free ones of each row (k, R, R) -> (k, 2) as (y, x), any (k,)."""
-    R = free.shape[-1]
-    flat = free.reshape(len(free), R * R)
-    j = _draw(rng, flat.astype(float))
-    return np.stack([j // R, j % R], -1), flat.any(1)
 
 
 def _seed_free(sp, occupied, keys, border_quirk):
@@ -363,14 +330,14 @@ def seed(rng, p, sp, margin, R, n, where):
     for _ in range(PADDLE_TRIES):
         if len(todo) == 0:
             break
-        a = _random_degrees(rng, len(todo))
+        a = rng.integers(-180, 180, len(todo)) * np.pi / 180
         fits = fits_for(todo, sp.key(a))
         todo, a = todo[fits], a[fits]
         start, anywhere = pick(rng, todo, sp.key(a))
         todo, a, start = todo[anywhere], a[anywhere], start[anywhere]
         head = translate(start, a, L)
         behind = translate(head, reverse(a), L + margin)
-        good = inside(head, R) & inside(behind, R)
+        good = ((head >= 0) & (head < R) & (behind >= 0) & (behind < R)).all(-1)
         tail[todo[good]], angle[todo[good]], pivot[todo[good]], ok[todo[good]] = start[good], a[good], behind[good], True
         todo = todo[~good]
     return ok, tail, angle, sp.key(angle), pivot
@@ -385,15 +352,19 @@ def occupancy_seeds(sp, occupied, border_quirk):
     room = (occupied <= FREE).sum((1, 2)) >= MIN_FREE_SHARE * R * R
     framed = occupied.copy()
     framed[:, [0, -1], :], framed[:, :, [0, -1]] = 1, 1
-    fits = lambda rows, keys: room[rows] & (sp.seed_ok[keys] | (not border_quirk))
-    return fits, lambda rng, rows, keys: _free_pixel(rng, _seed_free(sp, framed[rows], keys, border_quirk))
+
+    def pick(rng, rows, keys):  # a pixel drawn uniformly among the free ones of each row
+        free = _seed_free(sp, framed[rows], keys, border_quirk).reshape(len(rows), R * R)
+        j = _draw(rng, free.astype(float))
+        return np.stack([j // R, j % R], -1), free.any(1)
+    return lambda rows, keys: room[rows] & (sp.seed_ok[keys] | (not border_quirk)), pick
 
 
 @functools.lru_cache(maxsize=None)
-def _central_free_pixels(R, margin, border_quirk):
-    """Per orientation, the free pixels a first target may start on, and how many: the
-    occupancy is the same for every image (a frame of 2 seed_distance), so listed once."""
-    p, sp = params(R), sprites(R, margin)
+def central_seeds(R, sp, margin, border_quirk):
+    """`where` of the first target's seed: the occupancy is the same for every image (a frame of
+    2 seed_distance), so the free pixels of each orientation are listed once, with their count."""
+    p = params(R)
     central = np.maximum(_frame(R, p["padding"]), _frame(R, min(2 * p["seed_distance"], R // 2)))
     keys = np.arange(len(sp.mask))
     free = _seed_free(sp, np.broadcast_to(central, (len(keys), R, R)), keys, border_quirk)
@@ -401,12 +372,6 @@ def _central_free_pixels(R, margin, border_quirk):
     listed = np.zeros((len(keys), max(count.max(), 1), 2), np.int64)
     for k in keys:
         listed[k, :count[k]] = np.argwhere(free[k])
-    return listed, count
-
-
-def central_seeds(R, p, sp, margin, border_quirk):
-    """`where` of the first target's seed, from the listing above."""
-    listed, count = _central_free_pixels(R, margin, border_quirk)
 
     def pick(rng, rows, keys):
         j = np.floor(rng.random(len(keys)) * count[keys]).astype(np.int64)
@@ -424,53 +389,59 @@ def _frame(R, width):
     return grid
 
 
+def _grow(ctx, contrast, contour, mask, image, occupancy=None):
+    """One paddle more (extend) for each live contour; contour = (alive, newest paddle (y, x, sprite key),
+    pivot, angle), updated in place. The new paddle goes into image at contrast, the one before it into
+    mask; occupancy: the live rows' mask to test against, if not mask. -> the rows that grew."""
+    rng, p, sp, margin, R = ctx
+    alive, newest, pivot, angle = contour
+    r = np.nonzero(alive)[0]
+    occupancy, at = (mask, r) if occupancy is None else (occupancy, np.arange(len(r)))
+    good, head, a, key, joint = extend(rng, p, sp, margin, R, occupancy, at, pivot[r], angle[r])
+    alive[r[~good]] = False
+    r, head, a, key, joint = r[good], head[good], a[good], key[good], joint[good]
+    paste(image, r, head[:, 0], head[:, 1], sp.line[key] * contrast, R, sp.h)
+    paste(mask, r, *newest[r].T[:2], sp.mask[newest[r, 2]], R, sp.h)  # the previous paddle joins the mask
+    newest[r] = np.concatenate([head, key[:, None]], 1)
+    pivot[r], angle[r] = joint, a
+    return r
+
+
 def _grow_targets(rng, n, R, p, sp, length, margin, all_pairs, border_quirk):
     """n attempts at once, one paddle of each target in turn. -> the finished pairs' padded
     mask and image (k, P, P), paddles (k, 2, length, 3) as (y, x, sprite key), each target's
     first paddle starting on its origin tip and its last one on its far tip."""
-    L, sd, h = p["paddle_length"], p["seed_distance"], sp.h
+    sd, h = p["seed_distance"], sp.h
     contrast = p["paddle_contrast"] * p["snake_contrast"]
-    ok, tail1, angle1, key1, pivot1 = seed(rng, p, sp, margin, R, n, central_seeds(R, p, sp, margin, border_quirk))
-    tail2, angle2, pivot2 = np.zeros((n, 2), np.int64), np.zeros(n), np.zeros((n, 2), np.int64)
-    placed, todo = np.zeros(n, bool), np.nonzero(ok)[0]
-    for _ in range(PADDLE_TRIES):  # the second seed: seed_distance from the first, any direction
-        a, where = _random_degrees(rng, len(todo)), rng.integers(0, 360, len(todo)) * np.pi / 180
-        start = np.round(tail1[todo] + sd * np.stack([np.sin(where), np.cos(where)], -1)).astype(np.int64)
-        head = translate(start, a, L)
-        behind = translate(head, reverse(a), L + margin)
-        good = inside(head, R) & inside(behind, R)
-        tail2[todo[good]], angle2[todo[good]], pivot2[todo[good]], placed[todo[good]] = start[good], a[good], behind[good], True
-        todo = todo[~good]
-    keep = np.nonzero(ok & placed)[0]  # canvases only for the seeded pairs
-    tail1, angle1, pivot1, tail2, angle2, pivot2 = (v[keep] for v in (tail1, angle1, pivot1, tail2, angle2, pivot2))
+    ok, tail1, angle1, key1, pivot1 = seed(rng, p, sp, margin, R, n, central_seeds(R, sp, margin, border_quirk))
+    first = np.nonzero(ok)[0]
+
+    def near_first(rng, rows, keys):  # the second seed: seed_distance from the first, any direction
+        where = rng.integers(0, 360, len(rows)) * np.pi / 180
+        start = np.round(tail1[first[rows]] + sd * np.stack([np.sin(where), np.cos(where)], -1))
+        return start.astype(np.int64), rows >= 0
+    anywhere = lambda rows, keys: keys >= 0
+    placed, tail2, angle2, key2, pivot2 = seed(rng, p, sp, margin, R, len(first), (anywhere, near_first))
+    keep = first[placed]  # canvases only for the seeded pairs
     n = len(keep)
     alive = np.ones(n, bool)
     mask, image = np.zeros((n, R + 2 * h, R + 2 * h)), np.zeros((n, R + 2 * h, R + 2 * h))
     mask[:, h:h + R, h:h + R] = _frame(R, p["padding"])
     paddles = np.zeros((n, 2, length, 3), np.int64)
-    newest = [np.concatenate([tail1, sp.key(angle1)[:, None]], 1), np.concatenate([tail2, sp.key(angle2)[:, None]], 1)]
-    pivot, angle = [pivot1, pivot2], [angle1, angle2]
-    rows = np.arange(n)
+    newest = [np.concatenate([tail1[keep], key1[keep, None]], 1), np.concatenate([tail2[placed], key2[placed, None]], 1)]
+    pivot, angle = [pivot1[keep], pivot2[placed]], [angle1[keep], angle2[placed]]
     for i in (0, 1):
-        paste(image, rows, *newest[i].T[:2], sp.line[newest[i][:, 2]] * contrast, R, h)
+        paste(image, np.arange(n), *newest[i].T[:2], sp.line[newest[i][:, 2]] * contrast, R, h)
         paddles[:, i, 0] = newest[i]
     for s in range(1, length):
         for i in (0, 1):
-            r = np.nonzero(alive)[0]
-            occupancy, at = mask, r
+            occupancy = None
             if all_pairs:  # the other target's newest paddle, which the original leaves out
-                occupancy, at = mask[r], np.arange(len(r))
-                paste(occupancy, at, *newest[1 - i][r].T[:2], sp.mask[newest[1 - i][r, 2]], R, h)
-            good, head, a, key, joint = extend(rng, p, sp, margin, R, occupancy, at, pivot[i][r], angle[i][r])
-            alive[r[~good]] = False
-            r, head, a, key, joint = r[good], head[good], a[good], key[good], joint[good]
-            paste(image, r, head[:, 0], head[:, 1], sp.line[key] * contrast, R, h)
-            paste(mask, r, *newest[i][r].T[:2], sp.mask[newest[i][r, 2]], R, h)  # the previous paddle joins the mask
-            newest[i][r] = np.concatenate([head, key[:, None]], 1)
-            pivot[i][r], angle[i][r] = joint, a
+                occupancy, other = mask[alive], newest[1 - i][alive]
+                paste(occupancy, np.arange(len(other)), *other.T[:2], sp.mask[other[:, 2]], R, h)
+            r = _grow((rng, p, sp, margin, R), contrast, (alive, newest[i], pivot[i], angle[i]), mask, image, occupancy)
             paddles[r, i, s] = newest[i][r]
-    last = [1, 0] if all_pairs else [1]  # the original adds only the second target's last paddle
-    for i in last:
+    for i in [1, 0] if all_pairs else [1]:  # the original adds only the second target's last paddle
         r = np.nonzero(alive)[0]
         paste(mask, r, *newest[i][r].T[:2], sp.mask[newest[i][r, 2]], R, h)
     return mask[alive], image[alive], paddles[alive]
@@ -515,14 +486,7 @@ def _distractors(rng, p, sp, margin, R, mask, image, n_contours, length, border_
             newest = np.concatenate([tail, key[:, None]], 1)
             drawn = [newest.copy()]
             for _ in range(length - 1):
-                r = np.nonzero(ok)[0]
-                good, head, a, k, joint = extend(rng, p, sp, margin, R, m, r, pivot[r], angle[r])
-                ok[r[~good]] = False
-                r, head, a, k, joint = r[good], head[good], a[good], k[good], joint[good]
-                paste(img, r, head[:, 0], head[:, 1], sp.line[k] * contrast, R, h)
-                paste(m, r, *newest[r].T[:2], sp.mask[newest[r, 2]], R, h)
-                newest[r] = np.concatenate([head, k[:, None]], 1)
-                pivot[r], angle[r] = joint, a
+                _grow((rng, p, sp, margin, R), contrast, (ok, newest, pivot, angle), m, img)
                 drawn.append(newest.copy())
             r = np.nonzero(ok)[0]
             paste(m, r, *newest[r].T[:2], sp.mask[newest[r, 2]], R, h)  # a finished contour's last paddle
@@ -557,14 +521,6 @@ def finish(image, normalise=True):
 
 # -----------------------------------------------------------------------------
 # a batch of images
-
-
-def segments(sp, p, paddles):
-    """Paddles (..., 3) as (y, x, sprite key) -> (..., 4) as x0 y0 x1 y1 in pixels: from
-    the pixel the paddle is drawn from to its end."""
-    d = sp.offset(paddles[..., 2]) / p["antialias"]
-    y, x = paddles[..., 0], paddles[..., 1]
-    return np.stack([x, y, x + d[..., 1], y + d[..., 0]], -1).astype(float)
 
 
 def pathfinder_batch(rng, labels, resolution=32, contour_length=14, border_quirk=True, all_pairs=False,
@@ -602,8 +558,10 @@ def pathfinder_batch(rng, labels, resolution=32, contour_length=14, border_quirk
         images[sel] = finish(np.maximum(image[:, h:h + R, h:h + R], marker_layer(p, R, points)), normalise)
         markers[sel], marked[sel] = points[..., ::-1], np.stack([which, other], 1)
         for j, t, d in zip(sel, targets, extra):
-            drawn = np.concatenate([t.reshape(-1, 3)] + d) if d else t.reshape(-1, 3)
-            paddles[j] = segments(sp, p, drawn)
+            y, x, key = (np.concatenate([t.reshape(-1, 3)] + d) if d else t.reshape(-1, 3)).T
+            side = 2 * sp.reach + 1  # the sprite key's end (dy, dx) at antialias scale, in pixels
+            dy, dx = (key // side - sp.reach) / p["antialias"], (key % side - sp.reach) / p["antialias"]
+            paddles[j] = np.stack([x, y, x + dx, y + dy], -1).astype(float)
             contour[j] = np.concatenate([np.repeat([0, 1], contour_length), np.repeat(np.arange(len(d)) + 2, d_len)])
             placed[j] = len(d)
     info = dict(markers=markers.astype(float), margin=margins, paddles=paddles, contour=contour, marked=marked,
