@@ -64,10 +64,11 @@ def parse(key, text, default):
 
 
 def flag_help(defaults, source):
-    """Each key with its default and the comment beside it in the script's source (and the
+    """Each key with its default and the comment beside it in the source's DEFAULTS (and the
     comment lines that continue it)."""
     notes, last = {}, []
-    for line in open(source).read().splitlines() if source else []:
+    text = open(source).read() if source else ""
+    for line in text[text.find("DEFAULTS = dict("):].split("\n)\n")[0].splitlines():
         keys = re.findall(r"(?:^\s+|,\s*)(\w+)=", line.split("#")[0])
         if keys and "#" in line:
             last = [k for k in keys if k in defaults]

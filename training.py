@@ -244,7 +244,7 @@ class Run:
     def __init__(self, cfg, script, argv, free=()):
         self.cfg, self.script, self.argv, self.free = cfg, script, argv, free
         self.dir, self.ckpt_path = cfg["out_dir"], os.path.join(cfg["out_dir"], "ckpt.pt")
-        self.ckpt, self.saver, self.signum, self.steps, self.lock = None, None, None, 0, None
+        self.ckpt, self.saver, self.signum, self.steps, self.lock, self.begun = None, None, None, 0, None, False
 
     def __enter__(self):
         if int(os.environ.get("RANK", 0)) == 0:
@@ -254,11 +254,12 @@ class Run:
             try:
                 fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self.check_folder()
-            except BaseException as e:
+            except BlockingIOError:                                 # the live run's lock stays
+                self.lock.close()
+                raise FileExistsError(f"--out_dir={self.dir} is in use by a live run; wait for it or choose "
+                                      f"another --out_dir") from None
+            except BaseException:
                 self.release()
-                if isinstance(e, BlockingIOError):
-                    raise FileExistsError(f"--out_dir={self.dir} is in use by a live run; wait for it or "
-                                          f"choose another --out_dir") from None
                 raise
         if self.cfg["init_from"] == "resume":
             self.ckpt = load_checkpoint(self.ckpt_path)
@@ -286,8 +287,8 @@ class Run:
         """The checkpoint's config; the `free` flags given now replace its values, and any other
         flag given now must equal the checkpoint's."""
         given = {a[2:].split("=", 1)[0] for a in self.argv if a.startswith("--")} - {"init_from", "out_dir"}
-        cfg = {**saved, **{k: self.cfg[k] for k in given & set(self.free)}, "init_from": "resume",
-               "halt_after_steps": self.cfg["halt_after_steps"], "overwrite": False}      # this command's
+        cfg = {**saved, **{k: self.cfg[k] for k in given & set(self.free)},      # run.ckpt says it resumed
+               "halt_after_steps": self.cfg["halt_after_steps"], "overwrite": False, "out_dir": self.dir}
         differ = [f"--{k}={self.cfg[k]} (checkpoint: {saved.get(k)!r})" for k in sorted(given - set(self.free))
                   if self.cfg.get(k) != saved.get(k)]
         if differ:
@@ -320,9 +321,9 @@ class Run:
 
     def on_signal(self, signum, frame):
         """A stop signal ends the run at the end of its step (tick); a second one, now."""
-        if self.signum is not None or not getattr(self, "begun", False):
+        first, self.signum = self.signum is None, self.signum or signum
+        if not first or not self.begun:
             raise KeyboardInterrupt
-        self.signum = signum
 
     def tick(self):
         """After each optimizer step: stop if a signal asked to (run.saver saves the resume

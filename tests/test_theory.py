@@ -84,11 +84,16 @@ def test_zero_query_key_weights_are_a_saddle(init):
         assert (largest == 0.0) if uniform else (largest > 1e-8)
 
 
+def qk_params(model):
+    attn = model.blocks[0].attn
+    return [attn.W_Q.weight, attn.W_Q.bias, attn.W_K.weight, attn.W_K.bias]
+
+
 def test_score_change_is_the_exact_first_order_change_of_the_scores():
     """S is bilinear in (W_Q, b_Q, W_K, b_K), so a central difference equals dS exactly."""
     model, tokens, *_ = setup(0, n=4, uniform=False)
     attn, block = model.blocks[0].attn, model.blocks[0]
-    step = [torch.randn(p.shape, dtype=p.dtype) for p in beyond.qk_params(model)]
+    step = [torch.randn(p.shape, dtype=p.dtype) for p in qk_params(model)]
 
     def scores():
         with torch.no_grad():
@@ -98,7 +103,7 @@ def test_score_change_is_the_exact_first_order_change_of_the_scores():
 
     def shift(sign, eps=1e-3):
         with torch.no_grad():
-            for p, d in zip(beyond.qk_params(model), step):
+            for p, d in zip(qk_params(model), step):
                 p.add_(sign * eps * d)
 
     shift(+1); up = scores(); shift(-2); down = scores(); shift(+1)
