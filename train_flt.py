@@ -274,10 +274,8 @@ def main(argv):
         start = run.ckpt["step"] if run.ckpt else 0
         if run.ckpt:
             run.restore(raw, optimizers)                                 # weights, optimizers, RNG
-        if cfg["dtype"] == "fast" and rt.device_type == "cpu":
-            x, y = get_batch(train, cfg, 0, 0, rt.rank, device=rt.device)
-            choose_fast_dtype(rt, lambda: raw(x, y)[1])
-            raw.zero_grad(set_to_none=True)
+        x, y = get_batch(train, cfg, 0, 0, rt.rank, device=rt.device)
+        choose_fast_dtype(cfg, rt, raw, lambda: raw(x, y)[1])              # --dtype=fast
         run.begin(keep=lambda r: r["step"] <= start)                     # on resume: the log up to ckpt.pt
         if rt.master:
             source = cfg["data_dir"] if cfg["data"] == "stdlib" else cfg["data"]

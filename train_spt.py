@@ -48,8 +48,7 @@ DEFAULTS = dict(
     n_generate=0,            # size of a generated dataset, all splits (0 = the release size)
     difficulty="contour_length_14",  # pathfinder/pathx: baseline, contour_length_9, contour_length_14 (LRA's)
     max_len=0,               # text, retrieval, listops: longest sequence (0 = LRA's: 4096, 4000, 2000)
-    n_train=0,               # use only the first n training examples (0 = all)
-    n_eval=0,                # use only the first n val/test examples (0 = all)
+    n_train=0, n_eval=0,     # use only the first n training / val and test examples (0 = all)
     seed=0,
     # model: their PathFinder model (width 128, 8 heads, MLP x1) with one layer
     depth=1,                 # the paper's one-layer model (their PathFinder config has 4: --depth=4)
@@ -114,7 +113,8 @@ class MaskedReconstruction(nn.Module):
     """SPT objective (Amos et al. 2024): x~ = x with a random set M of real positions
     replaced by [MASK];  L = -(1/|M|) sum_{i in M} log p(x_i | x~)  (loss only on M).
     Retrieval pairs (B, 2, T) are two sequences each. causal=True: next-token loss
-    -(1/T) sum_t log p(x_{t+1} | x_<=t) instead."""
+    -(1/T) sum_t log p(x_{t+1} | x_<=t) instead. Returns L, and the hits and count of the
+    read positions (argmax p = x_i): the masked-token accuracy that Amos et al. monitor."""
 
     def __init__(self, model, mask_id, causal=False):
         super().__init__()
@@ -132,7 +132,9 @@ class MaskedReconstruction(nn.Module):
         else:
             logits = self.model.reconstruct(tokens.masked_fill(hide, self.mask_id), pad_mask)
             targets = tokens.masked_fill(~hide, -100)               # read only the hidden ones
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        read = targets != -100
+        hits = (logits.detach().argmax(-1) == targets)[read].sum()
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100), hits, read.sum()
 
 
 class Classification(nn.Module):
@@ -180,8 +182,7 @@ def build_model(cfg, datasets):
 def hybrid_init(model, ckpt_path, which):
     """Copy only the parameter group `which` from an SPT checkpoint; the rest stay at their
     random init (claim 5). Returns the names copied."""
-    names = select_params(model, which)
-    load_weights(model, ckpt_path, names)
+    load_weights(model, ckpt_path, names := select_params(model, which))
     return names
 
 
@@ -189,9 +190,7 @@ def freeze(model, which):
     """requires_grad=False for a group: it stays bit-identical at its starting value. From
     scratch, that is the random init (claim 4)."""
     names = [] if which == "none" else select_params(model, which)
-    for name, p in model.named_parameters():
-        if name in names:
-            p.requires_grad_(False)
+    [p.requires_grad_(False) for name, p in model.named_parameters() if name in names]
     return names
 
 
@@ -273,9 +272,8 @@ def train_phase(name, model, train_ds, val_ds, run):
         if rng is not None and state["step_in_epoch"] > 0:
             torch.set_rng_state(rng)
         rng = None
-        for micro, (tokens, pad_mask, labels) in enumerate(data):
-            tokens, labels = tokens.to(rt.device), labels.to(rt.device)
-            pad_mask = None if pad_mask is None else pad_mask.to(rt.device)
+        for micro, batch in enumerate(data):
+            tokens, pad_mask, labels = (None if t is None else t.to(rt.device) for t in batch)
             k = micro % accum                                            # micro-batch k of this step
             with grad_sync(train_obj, rt, last_micro=k == accum - 1), rt.autocast():
                 if spt:
@@ -287,7 +285,7 @@ def train_phase(name, model, train_ds, val_ds, run):
                                                 mask_gen)
                     start = micro_row(k, cfg, rt)
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
-                    loss = train_obj(tokens, pad_mask, hide.to(rt.device))
+                    loss, _, _ = train_obj(tokens, pad_mask, hide.to(rt.device))
                 else:                                                    # classify
                     loss, _ = train_obj(tokens, pad_mask, labels)
             (loss / accum).backward()
@@ -299,8 +297,7 @@ def train_phase(name, model, train_ds, val_ds, run):
             guard.record(loss, gnorm, state["step"] + 1)                 # on a CPU: stops before the update
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["step_in_epoch"] += 1
+            state.update(step=state["step"] + 1, step_in_epoch=state["step_in_epoch"] + 1)
             step = state["step"]
             bar.update(1)
             if step % cfg["log_every"] == 0 or step == 1:
@@ -348,35 +345,33 @@ def train_phase(name, model, train_ds, val_ds, run):
 
 @torch.no_grad()
 def evaluate(objective, ds, cfg, rt, phase):
-    """Mean loss, and for the classifier its accuracy and the standard error of the mean loss
-    (sd of the per-example losses / sqrt(n)). SPT masks come from a fixed generator, so the
-    validation loss compares across epochs."""
+    """Mean loss and accuracy (SPT: of the masked tokens), and for the classifier the standard
+    error of the mean loss (sd of the per-example losses / sqrt(n)). SPT masks come from a fixed
+    generator, so SPT's validation numbers compare across epochs."""
     objective.eval()
     idx = list(range(rt.rank, len(ds), rt.world_size))
     batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
     gen = torch.Generator().manual_seed(VAL_MASK_SEED)
-    totals = torch.zeros(4, dtype=torch.float64, device=rt.device)   # loss sum, correct, count, squares
-    for tokens, pad_mask, labels in tqdm(rt.loader(ds, batches, cfg["num_workers"]), leave=False,
-                                         desc=f"{os.path.basename(cfg['out_dir'])} eval {phase}", disable=not rt.master):
-        tokens, labels = tokens.to(rt.device), labels.to(rt.device)
-        pad_mask = None if pad_mask is None else pad_mask.to(rt.device)
+    totals = torch.zeros(5, dtype=torch.float64, device=rt.device)   # loss sum, examples, squares, hits, read
+    for batch in tqdm(rt.loader(ds, batches, cfg["num_workers"]), leave=False, disable=not rt.master,
+                      desc=f"{os.path.basename(cfg['out_dir'])} eval {phase}"):
+        tokens, pad_mask, labels = (None if t is None else t.to(rt.device) for t in batch)
         with rt.autocast():
             if phase == "spt":
                 hide = only_real(draw_hidden(tokens.shape, cfg["mask_ratio"], gen), pad_mask).to(rt.device)
-                loss, correct, squares = objective(tokens, pad_mask, hide), 0.0, 0.0
+                (loss, hits, read), squares = objective(tokens, pad_mask, hide), 0.0
             else:
                 loss, logits = objective(tokens, pad_mask, labels)
-                correct = (logits.argmax(-1) == labels).sum()
+                hits, read = (logits.argmax(-1) == labels).sum(), len(labels)
                 squares = (F.cross_entropy(logits.float(), labels, reduction="none") ** 2).sum()
-        as_double = lambda x: torch.as_tensor(x, device=rt.device).double()
-        totals += torch.stack([loss.double() * len(labels), as_double(correct), as_double(float(len(labels))),
-                               as_double(squares)])
+        totals += torch.tensor([loss.item() * len(labels), len(labels), float(squares), float(hits), float(read)],
+                               dtype=torch.float64, device=rt.device)
     if rt.ddp:
         dist.all_reduce(totals)
     objective.train()
-    mean, n = (totals[0] / totals[2]).item(), totals[2].item()
-    se = math.sqrt(max(totals[3].item() / n - mean ** 2, 0.0) / n) if phase != "spt" else None
-    return {"loss": mean, "acc": (totals[1] / totals[2]).item(), "loss_se": se}
+    loss_sum, n, squares, hits, read = totals.tolist()
+    se = math.sqrt(max(squares / n - (loss_sum / n) ** 2, 0.0) / n) if phase != "spt" else None
+    return {"loss": loss_sum / n, "acc": hits / read, "loss_se": se}
 
 
 # -----------------------------------------------------------------------------
@@ -406,14 +401,15 @@ def get_config(argv):
             raise ValueError(f"--{key}={cfg[key]}: choose from {', '.join(groups)}, a comma list of them, or none")
     TransformerConfig(n_layer=cfg["depth"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"],
                       pos_enc=cfg["pos_enc"], pool=cfg["pool"], init=cfg["init"], pixel_encoder=cfg["pixel_encoder"])
-    if task == "photos":
-        raise ValueError("--task=photos has no labels; use it as --pretrain_task=photos with --task=pathfinder")
-    if cfg["pixel_encoder"] == "linear" and task not in IMAGE_TASKS:
-        raise ValueError(f"--pixel_encoder=linear reads grey levels, of {', '.join(IMAGE_TASKS)}; use token here")
-    if cfg["epochs"] == 0 and (cfg["pretrain_epochs"] == 0 or cfg["init_from"] not in ("", "resume")):
-        raise ValueError("--epochs=0 runs the SPT phase alone: it needs --pretrain_epochs > 0 and no --init_from")
-    if "all" in cfg["freeze"].split(","):
-        raise ValueError("--freeze=all leaves nothing to train; freeze a group: attn, qk, qkv, mlp, emb")
+    for wrong, why in [
+            (task == "photos", "--task=photos has no labels; use it as --pretrain_task=photos with --task=pathfinder"),
+            (cfg["pixel_encoder"] == "linear" and task not in IMAGE_TASKS,
+             f"--pixel_encoder=linear reads grey levels, of {', '.join(IMAGE_TASKS)}; use token here"),
+            (cfg["epochs"] == 0 and (cfg["pretrain_epochs"] == 0 or cfg["init_from"] not in ("", "resume")),
+             "--epochs=0 runs the SPT phase alone: it needs --pretrain_epochs > 0 and no --init_from"),
+            ("all" in cfg["freeze"].split(","), "--freeze=all leaves nothing to train; freeze attn, qk, qkv, mlp or emb")]:
+        if wrong:
+            raise ValueError(why)
     if cfg["init_from"] not in ("", "resume"):
         theirs = load_checkpoint(cfg["init_from"]).get("config", {})      # one line if missing or damaged
         if any(theirs.get(k) != cfg[k] for k in ("depth", "n_embd", "n_head", "ffn_mult")):
@@ -465,14 +461,12 @@ def load_splits(cfg, rt):
     return data
 
 
-def announce_cost(cfg, rt, model, train_ds):
+def announce_cost(cfg, rt, model, ds):
     """A long run says first what it costs here: a step of its own model (timed after a warm-up,
     the best of 2, so a busy machine inflates it little) times its steps; then it goes on."""
-    x = train_ds.collate([train_ds[i] for i in range(2)])[0].to(rt.device)
-    with torch.random.fork_rng(devices=[]):
-        step_s = step_seconds(lambda: model.classify(x).float().logsumexp(-1).mean(), rt) / 2 * cfg["batch_size"]
-    model.zero_grad(set_to_none=True)
-    hours = step_s * (cfg["pretrain_epochs"] + cfg["epochs"]) * len(train_ds) / cfg["batch_size"] / 3600
+    x = ds.collate([ds[0], ds[1]])[0].to(rt.device)
+    step_s = step_seconds(model, lambda: model.classify(x).float().logsumexp(-1).mean(), rt) / 2 * cfg["batch_size"]
+    hours = step_s * (cfg["pretrain_epochs"] + cfg["epochs"]) * len(ds) / cfg["batch_size"] / 3600
     if hours > 0.2:
         say(rt, f"This run takes about {hours:,.1f} h ({hours / 24:.1f} days) here, at {step_s:.2f} s a step, measured "
                 f"now. Sooner: `python train_spt.py --task=synthetic` (minutes) or `--task=pathfinder "
@@ -489,9 +483,7 @@ def main(argv):
         data = load_splits(cfg, rt)
         cfg["data"] = {k: getattr(data[k], "source", "made in memory") for k in ("train", "pretrain")}
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
-        if cfg["dtype"] == "fast" and rt.device_type == "cpu":
-            choose_fast_dtype(rt, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
-            model.zero_grad(set_to_none=True)
+        choose_fast_dtype(cfg, rt, model, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
         announce_cost(cfg, rt, model, data["train"])
         # on resume, keep the records written before ckpt.pt; an epoch's val record only if ckpt.pt has it
         order = lambda r: (("spt", "finetune").index(r["phase"]), r["step"])
@@ -504,19 +496,20 @@ def main(argv):
         seen = analysis.Observations(cfg["out_dir"], cfg["task"] in IMAGE_TASKS, rt.master)
         seen.observe("init", model, data["val"], rt.device)
         # phase 1: SPT (unless finetuning from a given checkpoint, or resuming into phase 2)
-        given = cfg["init_from"] not in ("", "resume")
-        pretrain, spt = cfg["pretrain_epochs"] > 0 and not given, None
+        given, steps = cfg["init_from"] not in ("", "resume"), {}
+        pretrain = cfg["pretrain_epochs"] > 0 and not given
         spt_ckpt = cfg["init_from"] if given else os.path.join(cfg["out_dir"], "spt_best.pt") if pretrain else None
         if pretrain and not (run.ckpt and run.ckpt["phase"] == "finetune"):
-            spt = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)
+            steps["spt_steps"] = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)["step"]
         if rt.ddp:
             dist.barrier()                                            # rank 0 has written the SPT checkpoint
+        best = load_checkpoint(spt_ckpt) if pretrain else {}          # the best SPT weights: their epoch, val loss
+        results = dict(pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, spt_best_epoch=best.get("epoch"),
+                       spt_best_val_loss=best.get("loss"), spt_best_val_masked_acc=best.get("acc"), **steps)
         if cfg["epochs"] == 0:                  # SPT alone: its checkpoints are what other runs finetune from
             load_weights(model, spt_ckpt)
             seen.observe("spt", model, data["val"], rt.device)
-            return summarize(run, seen, model, data["val"], dict(
-                pretrain_epochs=cfg["pretrain_epochs"], spt_best_val_loss=spt["best_metric"],
-                spt_best_epoch=spt["best_epoch"], steps=0, spt_steps=spt["step"], wall_time_s=run.elapsed()))
+            return summarize(run, seen, model, data["val"], dict(results, steps=0, wall_time_s=run.elapsed()))
         # phase 2: finetuning, from a fresh model holding (part of) the SPT weights
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
@@ -530,10 +523,8 @@ def main(argv):
         load_weights(model, os.path.join(cfg["out_dir"], "finetune_best.pt"))
         test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
         seen.observe("finetune", model, data["val"], rt.device)
-        spt_loss = spt["best_metric"] if spt else load_checkpoint(spt_ckpt)["loss"] if pretrain else None
         return summarize(run, seen, model, data["val"], dict(
-            pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, best_val_acc=ft["best_metric"],
-            best_epoch=ft["best_epoch"], test_acc=test["acc"], spt_best_val_loss=spt_loss,
+            results, best_val_acc=ft["best_metric"], best_epoch=ft["best_epoch"], test_acc=test["acc"],
             frozen=len(frozen), copied=len(copied), steps=ft["step"], wall_time_s=run.elapsed()))
 
 

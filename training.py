@@ -16,6 +16,7 @@ SIGUSR1: SLURM's --signal=USR1@90) ends the run at the end of its step, its resu
 """
 
 import fcntl
+import gc
 import json
 import math
 import os
@@ -81,8 +82,9 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
     return Runtime(device, kind, getattr(torch, dtype), ddp, rank, world)
 
 
-def step_seconds(loss_fn, rt, dtype=torch.float32):
-    """The time of a forward (loss_fn()) and backward pass, the best of 2 after a warm-up pass."""
+def step_seconds(model, loss_fn, rt, dtype=torch.float32):
+    """The time of a forward (loss_fn()) and backward pass of `model`, the best of 2 after a
+    warm-up pass; its gradients are left unset."""
     times = []
     for _ in range(3):
         t = time.perf_counter()
@@ -92,16 +94,18 @@ def step_seconds(loss_fn, rt, dtype=torch.float32):
         if rt.device_type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
+    model.zero_grad(set_to_none=True)
     return min(times[1:])
 
 
-def choose_fast_dtype(rt, loss_fn):
+def choose_fast_dtype(cfg, rt, model, loss_fn):
     """--dtype=fast on a CPU: keep float32 or bf16 autocast, whichever steps the run's own model
     faster here (bf16 took 0.87x the float32 step on a CPU that computes it, 5x on an AVX2-only
     one that emulates it). The random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        rt.ptdtype = min((torch.float32, torch.bfloat16), key=lambda d: step_seconds(loss_fn, rt, d))
-    print(f"--dtype=fast: {str(rt.ptdtype)[6:]} steps faster here, timed on this model")
+    if cfg["dtype"] == "fast" and rt.device_type == "cpu":
+        with torch.random.fork_rng(devices=[]):
+            rt.ptdtype = min((torch.float32, torch.bfloat16), key=lambda d: step_seconds(model, loss_fn, rt, d))
+        print(f"--dtype=fast: {str(rt.ptdtype)[6:]} steps faster here, timed on this model")
 
 
 def wrap(module, rt, compile=False):
@@ -123,11 +127,6 @@ def grad_sync(module, rt, last_micro):
     """Gradient accumulation under DDP: average across ranks only on the last micro-batch."""
     inner = getattr(module, "_orig_mod", module)
     return nullcontext() if not rt.ddp or last_micro else inner.no_sync()
-
-
-def close_ddp(rt):
-    if rt.ddp and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # -----------------------------------------------------------------------------
@@ -388,9 +387,11 @@ class Run:
         for s, handler in getattr(self, "handlers", {}).items():
             signal.signal(s, handler)
         self.release()
-        if kind is None:
-            close_ddp(self.rt)
-        elif issubclass(kind, KeyboardInterrupt):
+        if kind is None and self.rt.ddp:     # a barrier, then collect the DDP wrapper's cycle that holds the
+            dist.barrier()                     # group: no gloo thread may outlive it and abort the exit
+            gc.collect()
+            dist.destroy_process_group()
+        elif kind is not None and issubclass(kind, KeyboardInterrupt):
             signum = self.signum or signal.SIGINT
             how = (f"continue with: python {self.script} --init_from=resume --out_dir={self.dir}"
                    if os.path.exists(self.ckpt_path) else "no checkpoint was written yet: run the same command again")

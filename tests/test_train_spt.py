@@ -2,6 +2,7 @@
 from scratch, SPT puts attention on the neighbours, the ablations do exactly what
 they say, runs resume exactly, and bad flags are refused."""
 
+import glob
 import json
 import os
 import re
@@ -13,8 +14,7 @@ import torch
 
 import train_spt
 from model import select_params
-from training import setup_runtime
-from training import load_checkpoint, read_log
+from training import load_checkpoint, read_log, setup_runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task=synthetic", "--log_every=1", "--patience=0"]
@@ -319,13 +319,14 @@ def test_spt_objective_gives_a_masked_pixel_to_the_model_as_zero_with_its_mask_f
     model.pix_emb.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
     tokens = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
     hide = train_spt.draw_hidden(tokens.shape, 0.5, torch.Generator().manual_seed(2))
-    loss = train_spt.MaskedReconstruction(model, mask_id=257)(tokens, None, hide)
+    loss, hits, read = train_spt.MaskedReconstruction(model, mask_id=257)(tokens, None, hide)
     features = seen[0]
     assert torch.equal(features[hide], torch.tensor([[0.0, 1.0]]).expand(int(hide.sum()), 2))
     assert torch.allclose(features[~hide][:, 0], tokens[~hide].float() / 127.5 - 1) and (features[~hide][:, 1] == 0).all()
     logits = model.reconstruct(tokens.masked_fill(hide, 257))
     assert logits.shape[-1] == 256
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits[hide], tokens[hide]).item(), rel=1e-5)
+    assert read == hide.sum() and hits == (logits[hide].argmax(-1) == tokens[hide]).sum()   # masked-token accuracy
 
 
 @pytest.mark.slow
@@ -374,3 +375,32 @@ def test_help_lists_every_flag_with_its_comment():
     assert out.returncode == 0, out.stderr
     assert "--depth=1  # the paper's one-layer model" in out.stdout and "--out_dir=''" in out.stdout
     assert "--preset=''  # \"\", cpu or cpu_rescue" in out.stdout
+
+
+class PixelShapes:
+    """What build_model reads of a PathFinder-32 dataset, without the images."""
+    vocab_size, n_classes, max_len, mask_id = 258, 2, 1024, 257
+
+    def __getitem__(self, i):
+        return torch.zeros(1024, dtype=torch.long), 0
+
+
+def test_the_committed_checkpoints_still_load_with_init_from():
+    """Every checkpoint under results/ passes --init_from's checks and copies into a model of its
+    config, old runs' included: a record is something to finetune from, not only to read."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "results", "**", "*.pt"), recursive=True))
+    assert len(paths) >= 10
+    for path in paths:
+        theirs = load_checkpoint(path)["config"]
+        model_flags = [f"--{k}={theirs[k]}" for k in ("depth", "n_embd", "n_head", "ffn_mult", "pos_enc", "pool", "init",
+                                                     "pixel_encoder")]
+        cfg = spt_config([f"--task={theirs['task']}", *model_flags, f"--init_from={path}"])
+        model = train_spt.build_model(cfg, [PixelShapes()])
+        assert len(train_spt.hybrid_init(model, path, "all")) == len(model.state_dict()), path
+
+
+def test_a_run_records_which_data_it_read(tmp_path):
+    summary = run(tmp_path / "run", "--n_train=64", "--n_eval=32", "--pretrain_epochs=0", "--epochs=1")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"] == {"train": "made in memory", "pretrain": "made in memory"} and "test_acc" in summary
+    assert config["config_files"] == "config/synthetic.py"
