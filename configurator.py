@@ -1,23 +1,21 @@
 """
-The command line of every script here, as nanoGPT's configurator.py: the defaults are a
-module-level dict, and --key=value overrides a key, typed against its default. A bad flag
-is one line on stderr before any work is done, never a traceback:
+The command line of every script here, as nanoGPT's configurator.py: a module-level dict of
+defaults, each overridden by --key=value, typed against it. A bad flag is one line, no traceback:
 
-  configure   the defaults, then the config files' values (nanoGPT's config/*.py: plain assignments),
-              then --key=value; unknown keys get a did-you-mean; --help prints each key, its
-              default and the comment beside it in DEFAULTS
+  configure   the defaults, then config files (plain assignments, as nanoGPT's config/*.py), then
+              --key=value; an unknown key gets a did-you-mean; --help prints each key, its default
+              and the comment beside it in DEFAULTS
   check       numbers inside their range (>= 0 unless said), words among their choices
-  run_cli     call main(argv); a user error exits 1 with 'error: ...' (--debug=True: the traceback)
-"""
+  run_cli     call main(argv); a user error exits 1 with 'error: ...' (--debug=True: the traceback)"""
 
 import ast
 import difflib
 import re
 import runpy
 import sys
+from tqdm import tqdm
 
-# What a user can cause: a bad flag, a missing or malformed file, a folder in use, a run that
-# diverged. Anything else is a bug in this code and keeps its traceback.
+# What a user can cause (a bad flag or file, a folder in use, a run that diverged); a bug keeps its traceback
 USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, FileExistsError, PermissionError)
 
 
@@ -26,46 +24,39 @@ def configure(defaults, argv, doc="", source=None, files=()):
     A value is read as a Python literal (--lr=3e-4, --compile=True) and must have its default's
     type (an int is a valid float; a string default takes the text as it is)."""
     cfg = dict(defaults)
-    for path in files:
-        for key, value in runpy.run_path(path).items():
-            if not key.startswith("__"):
-                cfg[key] = parse(key, str(value), defaults.get(key, KeyError(f"{path}: unknown flag {key}")))
+    for path in files:                                       # a config file's assignments, as flags first
+        argv = [f"--{k}={v}" for k, v in runpy.run_path(path).items() if not k.startswith("__")] + list(argv)
     for arg in argv:
         if arg in ("-h", "--help"):
             print(doc.strip() + "\n\n" + flag_help(defaults, source))
             sys.exit(0)
         key, eq, text = arg.removeprefix("--").partition("=")
-        if not arg.startswith("--") or not eq:
+        if not arg.startswith("--") or not eq:                 # e.g. --lr 3e-4, lr=3e-4
             raise ValueError(f"argument {arg!r} is not of the form --key=value (try --help)")
         if key not in defaults:
-            near = difflib.get_close_matches(key, defaults, n=1)
-            raise ValueError(f"unknown flag --{key}" + (f"; did you mean --{near[0]}?" if near else "")
-                             + " (--help lists them)")
+            near = "".join(f"; did you mean --{k}?" for k in difflib.get_close_matches(key, defaults, n=1))
+            raise ValueError(f"unknown flag --{key}{near} (--help lists them)")
         cfg[key] = parse(key, text, defaults[key])
     return cfg
 
 
 def parse(key, text, default):
     """--key's text as a value of its default's type."""
-    if isinstance(default, Exception):
-        raise ValueError(str(default))
     if isinstance(default, str):
         return text
     try:
         value = ast.literal_eval(text.capitalize() if text.lower() in ("true", "false") else text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError):                 # not a literal: the text, refused below
         value = text
     want = type(default)
-    if want is float and type(value) is int:
-        value = float(value)
-    if type(value) is not want:
+    value = float(value) if want is float and type(value) is int else value
+    if type(value) is not want:                       # e.g. --depth=one, --lr=fast
         raise ValueError(f"--{key}={text}: expected a {want.__name__} like the default {default!r}")
     return value
 
 
 def flag_help(defaults, source):
-    """Each key with its default and the comment beside it in the source's DEFAULTS (and the
-    comment lines that continue it)."""
+    """Each key with its default and the comment beside it (and its continuation lines) in DEFAULTS."""
     notes, last = {}, []
     text = open(source).read() if source else ""
     for line in text[text.find("DEFAULTS = dict("):].split("\n)\n")[0].splitlines():
@@ -85,11 +76,9 @@ def check(cfg, positive=(), fractions=(), choices=None):
     """Refuse, in one line, a number outside its range (>= 0; > 0 for `positive`; [0, 1) for
     `fractions`) or a word outside its choices."""
     for k, v in cfg.items():
-        if type(v) in (int, float) and not (v > 0 if k in positive else v >= 0):
-            raise ValueError(f"--{k}={v} must be {'>' if k in positive else '>='} 0")
-    for k in fractions:
-        if not 0 <= cfg[k] < 1:
-            raise ValueError(f"--{k}={cfg[k]} must be in [0, 1)")
+        rule = "> 0" if k in positive else "in [0, 1)" if k in fractions else ">= 0"
+        if type(v) in (int, float) and not (v > 0 if k in positive else 0 <= v < 1 if k in fractions else v >= 0):
+            raise ValueError(f"--{k}={v} must be {rule}")
     for k, allowed in (choices or {}).items():
         if cfg[k] not in allowed:
             raise ValueError(f"--{k}={cfg[k]!r} is not one of {', '.join(map(repr, allowed))}")
@@ -101,10 +90,11 @@ def run_cli(main, argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         return main(argv)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, KeyboardInterrupt) as e:
         if "--debug=True" in argv:
             raise
-        sys.exit("error: " + " ".join(str(e).split()))
-    except KeyboardInterrupt as e:
-        print(str(e) or "interrupted", file=sys.stderr)
+        [bar.close() for bar in list(tqdm._instances)]       # a progress bar never shares the last line
+        if not isinstance(e, KeyboardInterrupt):
+            sys.exit("error: " + " ".join(str(e).split()))    # exit status 1
+        print(str(e) or "interrupted", file=sys.stderr)       # Ctrl-C or a signal: it says how to continue
         sys.exit(getattr(e, "status", 130))
