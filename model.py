@@ -5,13 +5,11 @@ Sequence Classification" (Coser, Zollo, Soda, Orvieto, 2026).
 
 Read top to bottom:
   TransformerConfig    every size and choice of the model, one dataclass
-  positional encodings sinusoidal (additive, the paper's default), learned,
-                       RoPE, ALiBi, none
-  pixel_features       Amos et al.'s pixel input: grey value in [-1, 1] and a
-                       mask-indicator channel, for the linear pixel encoder
-  SelfAttention        W_Q, W_K, W_V, W_O as separately named projections, so an
-                       ablation can pick "the query-key weights" by name; with
-                       init="amos" the four start as copies of one layer
+  positional encodings sinusoidal (additive, the paper's default), learned, RoPE, ALiBi, none
+  pixel_features       Amos et al.'s pixel input for the linear pixel encoder: grey value
+                       in [-1, 1] and a mask-indicator channel
+  SelfAttention        W_Q, W_K, W_V, W_O as separately named projections, so an ablation can
+                       pick "the query-key weights" by name; init="amos" starts them as copies
   MLP, Block           pre-LayerNorm residual block
   Transformer          embeddings -> blocks -> final norm, then two heads:
                        classify() (pooled -> class logits) and
@@ -23,9 +21,8 @@ Conventions: `idx` is a LongTensor (B, T) of token ids; `pad_mask` is an optiona
 BoolTensor (B, T) that is True where the position is PADDING. Padded positions
 are never attended to, never pooled, and change no output of a real token.
 
-Training uses F.scaled_dot_product_attention (fused kernels).
-Transformer.forward_with_maps runs an explicit softmax that also returns the
-attention maps; both paths compute the same function.
+Training uses F.scaled_dot_product_attention (fused kernels); forward_with_maps runs an
+explicit softmax that also returns the attention maps: both compute the same function.
 
 This file imports only torch, so it can be copied into another project alone.
 """
@@ -66,24 +63,19 @@ class TransformerConfig:
     mask_id: int = 257         # linear: the [MASK] id, read as the mask-indicator channel
 
     def __post_init__(self):
-        if self.init not in INITS:
-            raise ValueError(f"init={self.init!r} is unknown; choose one of {INITS}")
-        if self.pos_enc not in POS_ENCODINGS:
-            raise ValueError(f"pos_enc={self.pos_enc!r} is unknown; choose one of {POS_ENCODINGS}")
-        if self.pixel_encoder not in PIXEL_ENCODERS:
-            raise ValueError(f"pixel_encoder={self.pixel_encoder!r} is unknown; choose one of {PIXEL_ENCODERS}")
+        for name, allowed in (("init", INITS), ("pos_enc", POS_ENCODINGS), ("pixel_encoder", PIXEL_ENCODERS),
+                              ("pool", POOLINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; choose one of {allowed}")
         if self.pixel_encoder == "linear" and not 2 <= self.pixel_levels <= self.mask_id < self.vocab_size:
             raise ValueError(f"pixel_encoder='linear' reads ids 0..pixel_levels-1 as grey levels and mask_id "
                              f"as [MASK]: it needs 2 <= pixel_levels <= mask_id < vocab_size, got pixel_levels="
                              f"{self.pixel_levels}, mask_id={self.mask_id}, vocab_size={self.vocab_size}")
-        if self.pool not in POOLINGS:
-            raise ValueError(f"pool={self.pool!r} is unknown; choose one of {POOLINGS}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"pick n_embd as a multiple of n_head")
         if self.pos_enc == "rope" and (self.n_embd // self.n_head) % 2 != 0:
-            raise ValueError(f"pos_enc='rope' needs an even head size, got n_embd/n_head="
-                             f"{self.n_embd // self.n_head}")
+            raise ValueError(f"pos_enc='rope' needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
         for name in ("vocab_size", "n_classes", "max_len", "n_layer", "n_head", "n_embd", "ffn_mult",
                      "pixel_levels"):
             if getattr(self, name) < 1:
@@ -133,10 +125,9 @@ def pixel_features(idx, levels=256, mask_id=257):
     """(B, T) ids -> (B, T, 2): [v * (1 - m), m], v = 2 g / (levels - 1) - 1 the grey level g
     in [-1, 1] (torchvision's ToTensor then Normalize(0.5, 0.5)), m = 1 at a masked pixel.
     A masked pixel reads [0, 1] whatever was under it; any other id (padding) [0, 0]."""
-    masked = idx == mask_id
     grey = idx.float() * (2.0 / (levels - 1)) - 1.0
     value = torch.where(idx < levels, grey, torch.zeros_like(grey))
-    return torch.stack([value, masked.float()], dim=-1)
+    return torch.stack([value, (idx == mask_id).float()], dim=-1)
 
 
 # -----------------------------------------------------------------------------
@@ -169,14 +160,12 @@ class SelfAttention(nn.Module):
         q, k, v = self.split_heads(self.W_Q(x)), self.split_heads(self.W_K(x)), self.split_heads(self.W_V(x))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        att = None
         if return_attn:                                         # explicit path, for analysis
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
-            if bias is not None:
-                scores = scores + bias
-            att = F.softmax(scores, dim=-1)
+            att = F.softmax(scores if bias is None else scores + bias, dim=-1)
             y = F.dropout(att, self.dropout, self.training) @ v
         else:                                                   # fused path, for training
-            att = None
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(x.shape)                  # concatenate heads
@@ -208,8 +197,7 @@ class Block(nn.Module):
     def forward(self, x, bias=None, rope=None, return_attn=False):
         a, att = self.attn(self.ln_1(x), bias, rope, return_attn)
         x = x + a
-        x = x + self.mlp(self.ln_2(x))
-        return x, att
+        return x + self.mlp(self.ln_2(x)), att
 
 
 # -----------------------------------------------------------------------------
@@ -219,8 +207,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.config = config
-        c = config
+        self.config = c = config
         n_pos = c.max_len + (1 if c.pool == "cls" else 0)
         if c.pixel_encoder == "linear":   # Amos et al.'s `encoder: linear`
             self.pix_emb = nn.Linear(2, c.n_embd)
@@ -242,8 +229,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd)
         if c.pair:   # LRA Retrieval: an MLP over [u, v, u*v, u-v]
-            self.head = nn.Sequential(nn.Linear(4 * c.n_embd, c.n_embd), nn.GELU(),
-                                      nn.Linear(c.n_embd, c.n_classes))
+            self.head = nn.Sequential(nn.Linear(4 * c.n_embd, c.n_embd), nn.GELU(), nn.Linear(c.n_embd, c.n_classes))
         else:
             self.head = nn.Linear(c.n_embd, c.n_classes)
         # masked-token reconstruction: every id, or (linear pixels) the grey levels, 256-way as theirs
@@ -257,14 +243,13 @@ class Transformer(nn.Module):
                 nn.init.normal_(self.pix_emb.weight, std=1 / math.sqrt(2))
 
     # PyTorch's defaults (init="torch"): nn.Linear weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
-    # nn.Embedding N(0, 1). Attention scores q.k/sqrt(d_head) then have std ~0.3: attention
-    # starts random, not uniform. With init="gpt2" (std 0.02) the scores have std ~0.03 and
-    # attention starts uniform, the premise of the paper's zero-gradient argument.
-    # With init="amos" (Amos et al.'s code) W_Q = W_K, so per head the score of query i and
-    # key j is q_i . q_j / sqrt(d_head), a positive semi-definite form: a query scores itself
-    # |q_i|^2 >= 0 and positions with inputs like its own (its neighbours, through the
-    # sinusoidal encoding) above the rest. Attention starts local, not uniform: 1.3-3x the
-    # uniform mass on itself and its neighbours (tools/attention_at_init.py).
+    # nn.Embedding N(0, 1). Scores q.k/sqrt(d_head) then have std ~0.3: attention starts random,
+    # not uniform. With init="gpt2" (std 0.02) they have std ~0.03 and attention starts uniform,
+    # the premise of the paper's zero-gradient argument. With init="amos" W_Q = W_K, so per head
+    # the score of query i and key j is q_i . q_j / sqrt(d_head), a positive semi-definite form:
+    # a query scores itself |q_i|^2 >= 0 and inputs like its own (its neighbours, through the
+    # sinusoidal encoding) above the rest. Attention starts local: 1.3-3x the uniform mass on
+    # itself and its neighbours (tools/attention_at_init.py).
 
     def _init_gpt2(self, module):
         if isinstance(module, nn.Linear):
@@ -278,25 +263,19 @@ class Transformer(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    # --- checks of the input, with errors that say what to do
+    # --- the encoder
 
-    def _check_input(self, idx, pad_mask):
+    def _check_input(self, idx):
+        """A too-long sequence or an id outside the vocabulary, in one line that says what to do.
+        The id check reads the values on the host, so it runs on the CPU only (CUDA asserts)."""
         c = self.config
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (batch, length), got {tuple(idx.shape)}")
-        if idx.size(1) > c.max_len:
-            raise ValueError(f"sequence length {idx.size(1)} exceeds max_len={c.max_len}; "
+        if idx.size(-1) > c.max_len:
+            raise ValueError(f"sequence length {idx.size(-1)} exceeds max_len={c.max_len}; "
                              f"build the model with a larger max_len or truncate the input")
-        if pad_mask is not None and pad_mask.shape != idx.shape:
-            raise ValueError(f"pad_mask shape {tuple(pad_mask.shape)} != idx shape {tuple(idx.shape)}")
-        # A range check needs the values on the host; skip it on accelerators so the
-        # training step never waits for a device sync (CUDA raises its own assert).
         if idx.device.type == "cpu" and idx.numel() and (idx.min() < 0 or idx.max() >= c.vocab_size):
             bad = idx[(idx < 0) | (idx >= c.vocab_size)][0].item()
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {c.vocab_size}); "
                              f"set vocab_size to cover every id (pad and mask included)")
-
-    # --- the encoder
 
     def embed(self, idx):
         """Token embeddings (or the linear pixel encoding) plus the additive positional
@@ -306,13 +285,12 @@ class Transformer(nn.Module):
             x = self.pix_emb(pixel_features(idx, c.pixel_levels, c.mask_id).to(self.pix_emb.weight.dtype))
         else:
             x = self.tok_emb(idx)
-        if self.config.pool == "cls":   # prepend a learned [CLS] vector at position 0
+        if c.pool == "cls":   # prepend a learned [CLS] vector at position 0
             x = torch.cat([self.cls_token.expand(x.size(0), 1, -1), x], dim=1)
-        T = x.size(1)
-        if self.config.pos_enc == "sinusoidal":
-            x = x + self.pe[:T]
-        elif self.config.pos_enc == "learned":
-            x = x + self.pos_emb.weight[:T]
+        if c.pos_enc == "sinusoidal":
+            x = x + self.pe[:x.size(1)]
+        elif c.pos_enc == "learned":
+            x = x + self.pos_emb.weight[:x.size(1)]
         return self.drop(x)
 
     def _attention_bias(self, pad_mask, T, dtype, causal=False):
@@ -320,21 +298,19 @@ class Transformer(nn.Module):
         keys, and -inf above the diagonal for a causal (next-token) objective."""
         bias = self.alibi[:, :T, :T].to(dtype)[None] if self.config.pos_enc == "alibi" else None
         if causal:
-            future = torch.ones(T, T, dtype=torch.bool, device=self.lm_head.weight.device).triu(1)
-            future = torch.zeros(T, T, dtype=dtype, device=future.device).masked_fill(future, float("-inf"))
+            future = torch.full((T, T), float("-inf"), dtype=dtype, device=self.lm_head.weight.device).triu(1)
             bias = future if bias is None else bias + future
         if pad_mask is not None:
             if self.config.pool == "cls":   # the [CLS] position is always real
                 pad_mask = F.pad(pad_mask, (1, 0), value=False)
-            key_pad = torch.zeros(pad_mask.shape, dtype=dtype, device=pad_mask.device)
-            key_pad = key_pad.masked_fill(pad_mask, float("-inf"))[:, None, None, :]
+            key_pad = torch.zeros_like(pad_mask, dtype=dtype).masked_fill(pad_mask, float("-inf"))[:, None, None, :]
             bias = key_pad if bias is None else bias + key_pad
         return bias
 
     def encode(self, idx, pad_mask=None, return_attn=False, causal=False):
         """All hidden states after the final norm, [CLS] included when pool='cls'.
         causal=True lets position i attend only to j <= i (next-token SPT)."""
-        self._check_input(idx, pad_mask)
+        self._check_input(idx)
         x = self.embed(idx)
         T = x.size(1)
         bias = self._attention_bias(pad_mask, T, x.dtype, causal)
@@ -401,14 +377,10 @@ class Transformer(nn.Module):
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.999), device_type="cpu"):
         """AdamW; weight decay only on matrices of linear layers (not on norms, biases,
         embeddings or the [CLS] vector), as nanoGPT does. Fused kernel on CUDA."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad:
-                continue
-            is_matrix = p.dim() >= 2 and "emb" not in name
-            (decay if is_matrix else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        params = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        matrix = lambda name, p: p.dim() >= 2 and "emb" not in name
+        groups = [{"params": [p for n, p in params if matrix(n, p)], "weight_decay": weight_decay},
+                  {"params": [p for n, p in params if not matrix(n, p)], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == "cuda"))
 
 
@@ -429,16 +401,10 @@ PARAM_GROUPS = {
 def select_params(model, which):
     """Names of the parameters in a group: one of PARAM_GROUPS, 'all', or a comma list
     such as 'qk,mlp'. attn, mlp, emb, norm and head are disjoint and cover 'all'."""
-    names = [n for n, _ in model.named_parameters()]
-    chosen = set()
-    for group in which.split(","):
-        group = group.strip()
-        if group == "all":
-            chosen.update(names)
-        elif group in PARAM_GROUPS:
-            keys = PARAM_GROUPS[group]
-            chosen.update(n for n in names if any(k in "." + n for k in keys))
-        else:
+    names, chosen = [n for n, _ in model.named_parameters()], set()
+    for group in (g.strip() for g in which.split(",")):
+        if group != "all" and group not in PARAM_GROUPS:
             raise ValueError(f"unknown parameter group {group!r}; choose from "
                              f"{sorted(PARAM_GROUPS) + ['all']} or a comma list of them")
+        chosen.update(n for n in names if group == "all" or any(k in "." + n for k in PARAM_GROUPS[group]))
     return [n for n in names if n in chosen]   # in model order

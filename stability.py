@@ -5,23 +5,12 @@ Transformer"): what train_flt.py records during a run, and how a run's curves ar
   BlockGradRecorder   the gradient norm per (loop, block), as the authors' base_check.py logs it
   grad_norm           the total gradient L2 norm (what clip_grad_norm_ measures)
 
-The statistics of a run's curves (train_flt.py puts them in every summary.json, over
-the first osc_steps steps):
-  grad_volatility  std over steps of  d_t = log g_{t+1} - log g_t  (g_t the total
-                   gradient norm before clipping): how much the norm moves from
-                   step to step, whatever the pattern. Minibatch noise alone gives
-                   a clearly positive value; it is not a test of oscillation.
-  grad_dlog_ac1    the lag-1 autocorrelation of d_t: -1 for a period-2 zig-zag,
-                   -0.5 for independent noise around a trend (and for isolated
-                   spikes, each one step up then one down), near 0 for a random
-                   walk, above 0 for slow swings. Oscillation reads below -0.5.
-  grad_zigzag      -(lag-1 autocorrelation) of log g_t minus its centred 5-step
-                   running mean: 0.3 for independent noise, towards 1 for a zig-zag.
-  outcome          THE rule on a run's whole val curve (against the 1-loop reference
-                   run at the same steps, when there is one): diverged / did not learn /
-                   collapsed / lagging / learned. Every run's last line and summary say it.
-  gradient_statistics, residual_statistics  the summary's fields computed from
-                   log.jsonl (each says what its fields mean).
+The statistics of a run's curves, in every summary.json (each docstring says what it measures):
+  grad_volatility     how much the gradient norm moves from step to step, noise included
+  grad_dlog_ac1, grad_zigzag   two tests of oscillation that tell a zig-zag from noise
+  outcome             THE rule on a run's whole val curve: diverged / did not learn / collapsed /
+                      lagging / learned. Every run's last line and summary say it.
+  gradient_statistics, residual_statistics   the summary's fields, computed from log.jsonl
   separation_verdict  when one variant beats another on the same seeds, or "not separated"
 """
 
@@ -48,11 +37,10 @@ class BlockGradRecorder:
     logs them: the block's ("out"), its attention's ("attn") and its MLP's ("mlp").
     norms(): per kind, n_loops lists of n_layer numbers, averaged over micro-batches."""
 
-    # How: a forward hook on each module registers, on the output of its call in loop t (a
-    # module runs once per loop, so its call count gives t), a tensor hook that adds the norm
-    # over the whole micro-batch; this rank's gradients (before DDP averaging). Forwards
-    # without grad are skipped, and so are compiled ones (the hooks would break the graph):
-    # with --compile, train_flt.py runs the recorder's steps on the eager module.
+    # A forward hook on each module registers, on its output in loop t (a module runs once per loop,
+    # so its call count gives t), a tensor hook that adds the norm over the micro-batch, on this rank
+    # (before DDP averaging). Forwards without grad are skipped, and compiled ones too (the hooks would
+    # break the graph): with --compile, train_flt.py runs the recorder's steps on the eager module.
     KINDS = ("out", "attn", "mlp")
 
     def __init__(self, blocks, enabled=True):
@@ -70,8 +58,7 @@ class BlockGradRecorder:
     def _forward(self, key, out):
         if torch.compiler.is_compiling() or self.sums is None or not (torch.is_grad_enabled() and out.requires_grad):
             return
-        kind, i = key
-        t = self.calls.get(key, 0)
+        (kind, i), t = key, self.calls.get(key, 0)
         self.calls[key] = t + 1
         if t < len(self.sums[kind]):
             out.register_hook(lambda g: self._add(kind, t, i, g))
@@ -81,9 +68,7 @@ class BlockGradRecorder:
 
     def norms(self, n_micro):
         """{kind: n_loops lists of n_layer numbers}; {} when nothing is recorded."""
-        if self.sums is None:
-            return {}
-        return {k: [[round(v / n_micro, 6) for v in row] for row in self.sums[k]] for k in self.KINDS}
+        return {k: [[round(v / n_micro, 6) for v in row] for row in self.sums[k]] for k in self.KINDS} if self.sums else {}
 
 
 # --- the statistics of a run's curves ---------------------------------------------------
@@ -94,19 +79,17 @@ def dlog(g):
 
 
 def grad_volatility(g):
-    """std of d_t = log g_{t+1} - log g_t: how much the gradient norm moves from one
-    step to the next, whatever the pattern (noise, spikes or a zig-zag alike). NaN
-    under 2 steps."""
+    """std of d_t = log g_{t+1} - log g_t: how much the gradient norm moves from one step to the
+    next, whatever the pattern (noise, spikes or a zig-zag alike). NaN under 2 steps."""
     d = dlog(g)
     return float(np.std(d)) if len(d) else float("nan")
 
 
 def grad_dlog_ac1(g):
-    """The lag-1 autocorrelation of d_t = log g_{t+1} - log g_t: -1 for a period-2
-    zig-zag (up, down, up, ...), -0.5 for independent noise around a trend and for
-    isolated spikes, near 0 for a random walk, towards +1 for slow swings (noise on
-    top of them pulls it back towards -0.5). So an oscillation reads clearly below
-    -0.5 and noise at -0.5. NaN under 4 steps."""
+    """The lag-1 autocorrelation of d_t = log g_{t+1} - log g_t: -1 for a period-2 zig-zag (up,
+    down, up, ...), -0.5 for independent noise around a trend and for isolated spikes, near 0 for
+    a random walk, towards +1 for slow swings (noise on top of them pulls it back towards -0.5).
+    So an oscillation reads clearly below -0.5 and noise at -0.5. NaN under 4 steps."""
     d = dlog(g)
     if len(d) < 3:
         return float("nan")
@@ -115,12 +98,11 @@ def grad_dlog_ac1(g):
 
 
 def grad_zigzag(g):
-    """-rho_1 of r, where r_t = log g_t - mean(log g_{t-2..t+2}) (the trace minus its
-    centred 5-step running mean, over steps with a full window) and rho_1 is the
-    lag-1 autocorrelation. Minibatch noise, independent from step to step around a
-    slow trend, gives 0.3 (exactly, for i.i.d. noise: the running mean shares
-    each point with its neighbours); a zig-zag (up, down, up, ...) gives close to 1;
-    slow swings over many steps give less than noise. NaN under 8 steps."""
+    """-rho_1 of r, where r_t = log g_t - mean(log g_{t-2..t+2}) (the trace minus its centred 5-step
+    running mean, over steps with a full window) and rho_1 is the lag-1 autocorrelation. Minibatch
+    noise, independent from step to step around a slow trend, gives 0.3 (exactly, for i.i.d. noise:
+    the running mean shares each point with its neighbours); a zig-zag (up, down, up, ...) gives
+    close to 1; slow swings over many steps give less than noise. NaN under 8 steps."""
     x = np.log(np.maximum(np.asarray(g, dtype=float), 1e-30))
     if len(x) < 8:
         return float("nan")
@@ -143,10 +125,9 @@ def outcome(losses, h_unigram, ref_losses=None, margin=COLLAPSE_MARGIN):
       collapsed      it learned, then ended near H again ("back at the unigram level"), or
                      ended more than max(margin, LOST_SHARE x its best gain H - min(losses))
                      above its own best ("lost what it learned")
-      lagging        (a reference given) behind it at the last step by more than `margin`,
-                     without having lost what it learned; the reason says whether it is
-                     still improving (its last loss more than `margin` below the one a third
-                     of the curve earlier) or stalled
+      lagging        (a reference given) behind it at the last step by more than `margin`, without
+                     having lost what it learned; the reason says whether it is still improving (its
+                     last loss more than `margin` below the one a third of the curve earlier) or stalled
       learned        otherwise: with a reference, within `margin` of it at the last step or
                      better ("like the reference")
     A slow learner is "lagging", a spike that recovers is judged by where it ends."""
@@ -211,12 +192,9 @@ def judge_curves(val, ref, final_loss, h_unigram):
 # --- the summary's fields, from the log --------------------------------------------------
 
 def gradient_statistics(g):
-    """The summary's gradient fields from g, the total gradient L2 norms before clipping
-    of the first N = osc_steps steps (fewer if the run is shorter): grad_volatility, the
-    std over t = 0..N-2 of log g_{t+1} - log g_t (how much the norm moves per step,
-    noise included); grad_dlog_ac1 and grad_zigzag, two tests of oscillation that tell a
-    step-to-step zig-zag from noise (-0.5 and 0.3 for independent noise, -1 and towards
-    1 for a zig-zag; defined above); and the largest norm."""
+    """The summary's gradient fields from g, the total gradient L2 norms before clipping of
+    the first N = osc_steps steps (fewer if the run is shorter): grad_volatility,
+    grad_dlog_ac1 and grad_zigzag (defined above), and the largest norm."""
     return {"grad_volatility": grad_volatility(g), "grad_dlog_ac1": grad_dlog_ac1(g),
             "grad_zigzag": grad_zigzag(g), "grad_osc_steps": len(g),
             "max_grad_norm": float(max(g)) if len(g) else float("nan")}

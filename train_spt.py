@@ -32,7 +32,7 @@ import synthetic
 from configurator import check, configure, run_cli
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
 from training import (NonFiniteGuard, Run, choose_fast_dtype, grad_sync, load_checkpoint, load_weights, read_log,
-                      step_seconds, wrap)
+                      replica_max_diff, step_seconds, wrap)
 
 # -----------------------------------------------------------------------------
 # The flags, each a --key=value (--help lists them with these comments). DEFAULTS are the README's
@@ -83,7 +83,7 @@ DEFAULTS = dict(
     out_dir="",              # "" = out/<task>_d<depth>_<pretrain_epochs>ep[_<flags that differ>]
     overwrite=False,         # replace the results of an earlier run in out_dir
     log_every=10, ckpt_every=0,   # steps (ckpt_every 0 = at the end of each epoch only)
-    snapshot_attn_every=0,   # steps; save layer-0 attention maps to plot their evolution (snapshots.jsonl)
+    snapshot_attn_every=0,   # steps; layer-0 attention maps into snapshots.jsonl (tools/attention_gif.py draws them)
     halt_after_steps=0,      # stop after this many steps, resume point saved (to test resume)
     device="auto", dtype="auto",  # auto: bf16 on a GPU that has it, else float32; fast: the faster, timed here
     compile=False, num_workers=0, debug=False,   # torch.compile; DataLoader workers; tracebacks
@@ -496,20 +496,21 @@ def main(argv):
         seen = analysis.Observations(cfg["out_dir"], cfg["task"] in IMAGE_TASKS, rt.master)
         seen.observe("init", model, data["val"], rt.device)
         # phase 1: SPT (unless finetuning from a given checkpoint, or resuming into phase 2)
-        given, steps = cfg["init_from"] not in ("", "resume"), {}
+        given, spt_steps = cfg["init_from"] not in ("", "resume"), 0
         pretrain = cfg["pretrain_epochs"] > 0 and not given
         spt_ckpt = cfg["init_from"] if given else os.path.join(cfg["out_dir"], "spt_best.pt") if pretrain else None
         if pretrain and not (run.ckpt and run.ckpt["phase"] == "finetune"):
-            steps["spt_steps"] = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)["step"]
+            spt_steps = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)["step"]
         if rt.ddp:
             dist.barrier()                                            # rank 0 has written the SPT checkpoint
         best = load_checkpoint(spt_ckpt) if pretrain else {}          # the best SPT weights: their epoch, val loss
         results = dict(pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, spt_best_epoch=best.get("epoch"),
-                       spt_best_val_loss=best.get("loss"), spt_best_val_masked_acc=best.get("acc"), **steps)
+                       spt_best_val_loss=best.get("loss"), spt_best_val_masked_acc=best.get("acc"))
         if cfg["epochs"] == 0:                  # SPT alone: its checkpoints are what other runs finetune from
             load_weights(model, spt_ckpt)
             seen.observe("spt", model, data["val"], rt.device)
-            return summarize(run, seen, model, data["val"], dict(results, steps=0, wall_time_s=run.elapsed()))
+            return summarize(run, seen, model, data["val"], dict(results, steps=0, spt_steps=spt_steps,
+                                                                 wall_time_s=run.elapsed()))
         # phase 2: finetuning, from a fresh model holding (part of) the SPT weights
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
@@ -541,6 +542,8 @@ def summarize(run, seen, model, val_ds, results):
     keys = ("task", "depth", "epochs", "init_from", "init_params", "freeze", "pos_enc", "pool", "init", "pixel_encoder")
     summary = dict({k: cfg[k] for k in keys}, pretrain_task=cfg["pretrain_task"] or cfg["task"], **results,
                    n_params=model.num_params(), world_size=rt.world_size)
+    if rt.ddp:                                      # DDP's promise, checked: every replica holds rank 0's weights
+        summary["replica_max_diff"] = replica_max_diff(model, rt)
     if not rt.master:
         return summary
     summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)

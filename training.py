@@ -117,6 +117,14 @@ def wrap(module, rt, compile=False):
     return torch.compile(module) if compile else module
 
 
+def replica_max_diff(model, rt):
+    """The largest difference between any rank's weights and rank 0's (0.0 when DDP works)."""
+    flat = torch.cat([p.detach().flatten().double() for p in unwrap(model).parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
+    dist.all_gather(gathered, flat)
+    return max((g - gathered[0]).abs().max().item() for g in gathered)
+
+
 def unwrap(module):
     """The plain module under torch.compile and DDP (whose state_dict has no prefixes)."""
     module = getattr(module, "_orig_mod", module)
