@@ -33,7 +33,7 @@ from corpora import eval_set, get_batch, load_data, unigram_entropy
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 from stability import BlockGradRecorder, grad_norm, gradient_statistics, judge_curves, residual_statistics
 from training import (Run, choose_fast_dtype, grad_sync, last_good, load_checkpoint, load_weights, read_log,
-                      setup_runtime, wrap)
+                      replica_max_diff, setup_runtime, wrap)
 
 # -----------------------------------------------------------------------------
 # The flags, each a --key=value (--help lists them with these comments). Their values are
@@ -349,10 +349,7 @@ def main(argv):
         summary = summarize(run, raw, records, curve, nan_step, ref, unigram_entropy(train, vocab),
                             len(eval_xy[0]), is_bytes)
         if rt.ddp:                                                      # every replica holds the same weights
-            flat = torch.cat([p.detach().flatten().double() for p in raw.parameters()])
-            gathered = [torch.zeros_like(flat) for _ in range(rt.world_size)]
-            dist.all_gather(gathered, flat)
-            summary["ddp_replicas_identical"] = all(torch.equal(g, flat) for g in gathered)
+            summary["ddp_replicas_identical"] = replica_max_diff(raw, rt) == 0.0
         run.write_summary(summary)
         if rt.master:
             print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}))

@@ -354,14 +354,3 @@ def test_flt_ladder_gpu_script_runs_at_a_tiny_size_on_a_cpu(tmp_path):
     assert "steps a second; the full run's" in p.stdout and "h at that rate" in p.stdout
     assert {"ladder.log", "main_command.txt", "compare.md", "records.tar.gz"} <= {f.name for f in (tmp_path / "device").iterdir()}
 
-
-@pytest.mark.slow
-def test_flt_speed_times_the_variants_side_by_side_and_checks_their_losses(tmp_path, capsys):
-    from tools import flt_speed
-    text = tmp_path / "tiny.txt"
-    text.write_text(" ".join(["loop", "the", "norm", "key", "value"] * 600))
-    flt_speed.main([f"--data={text}", "--steps=7", "--rounds=1", "--compile=False", "--loops=2", f"--out={tmp_path}",
-                    "--extra=--n_layer=1 --n_embd=16 --n_head=2 --block_size=16 --batch_size=4"])
-    result = json.loads((tmp_path / "flt_speed.json").read_text())
-    assert set(result["rows"]) == {"today", "hooks/10", "no hooks"} and result["rows"]["today"]["ratio"] == 1.0
-    assert all(r["max_loss_diff"] < 5e-4 for r in result["rows"].values()) and "agree to 3 decimals" in capsys.readouterr().out

@@ -324,7 +324,7 @@ def test_compile_runs_the_recorders_steps_on_the_eager_module(tmp_path, text_fil
     """--compile keeps the per-(loop, block) recorder: the steps it reads (every
     --block_grads_every-th) run on the eager module, which shares the weights, and the
     others on the compiled one. torch.compile is stood in for by a wrapper that counts its
-    calls (the real one is timed and checked by tools/flt_speed.py): same losses, the
+    calls (REPORT's window section records the real one's timing): same losses, the
     norms at steps 1, 4, 7, 10, the compiled module on the 8 other steps."""
     calls = []
 

@@ -41,18 +41,15 @@ sys.path.insert(0, ROOT)
 import configurator  # noqa: E402
 from model import Transformer, TransformerConfig, sinusoidal_table  # noqa: E402
 
-# -----------------------------------------------------------------------------
-# defaults: every one can be overridden with --key=value
-only = "throughput,cuda,cpu"
-quick = False            # reduced sizes (labelled as such in the tables), < 2 min on 2 cores
-out = "bench.json"
-reps = 0                 # timed repetitions per measurement; 0 = the section's default
-device = "auto"          # the cuda section runs only when this resolves to cuda
-compile = True           # cuda section: torch.compile both models
-peak_flops = 0.0         # cuda section: the device's bf16 dense peak; 0 = look it up by name
-threads = 1              # torch.set_num_threads on CPU; 0 = torch's default (one per core). One, because
-                         # on a shared machine two OpenMP threads that spin-wait for a busy core made
-                         # steps 3-10x slower than one thread (measured on the 2-core dev box)
+DEFAULTS = dict(only="throughput,cuda,cpu",
+                quick=False,       # reduced sizes (labelled as such in the tables), < 2 min on 2 cores
+                out="bench.json",
+                reps=0,            # timed repetitions per measurement; 0 = the section's default
+                device="auto",     # the cuda section runs only when this resolves to cuda
+                compile=True,      # cuda section: torch.compile both models
+                peak_flops=0.0,    # cuda section: the device's bf16 dense peak; 0 = look it up by name
+                threads=1)         # torch threads on CPU; 0 = one per core. One: on a shared machine two
+                                   # spin-waiting OpenMP threads made steps 3-10x slower (the 2-core dev box)
 
 # The paper's LRA configurations (model.py names).
 PATHFINDER = dict(n_layer=4, n_embd=128, n_head=8, ffn_mult=1)          # T = 1024
@@ -139,8 +136,7 @@ def build_pair(dims, T, vocab_size=258, dev="cpu", seed=0):
     """Our Transformer and the reference, same sizes, both in train mode."""
     cfg = TransformerConfig(vocab_size=vocab_size, n_classes=2, max_len=T, dropout=0.0, **dims)
     torch.manual_seed(seed)
-    ours = Transformer(cfg).to(dev).train()
-    ref = ReferenceEncoder(cfg).to(dev).train()
+    ours, ref = Transformer(cfg).to(dev).train(), ReferenceEncoder(cfg).to(dev).train()
     ref.config = cfg
     return ours, ref
 
@@ -283,10 +279,7 @@ def cpu_option_steps(dims, T, B):
                "batch 64": dict(threads=1, B=B * 2)}
     steps = {}
     for name, o in options.items():
-        cfg = TransformerConfig(vocab_size=258, n_classes=2, max_len=T, dropout=0.0, **dims)
-        torch.manual_seed(0)
-        model = Transformer(cfg).train()
-        b = o.get("B", B)
+        b, model = o.get("B", B), build_pair(dims, T)[0]             # each option: the same init
         step = make_step(model, b, T, "cpu", o.get("autocast", nullcontext), o.get("compile_model", False))
 
         def run(step=step, n=o["threads"]):
@@ -332,8 +325,7 @@ BENCHES = dict(throughput=bench_throughput, cuda=bench_cuda, cpu=bench_cpu)
 
 def main(argv):
     argv = ["--quick=True" if a == "--quick" else a for a in argv]     # the bare flag, too
-    cfg = configurator.configure({k: globals()[k] for k in ("only", "quick", "out", "reps", "device", "compile",
-                                                          "peak_flops", "threads")}, argv, __doc__)
+    cfg = configurator.configure(DEFAULTS, argv, __doc__)
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg["device"] == "auto" else cfg["device"]
     if cfg["threads"] and dev == "cpu":
         torch.set_num_threads(cfg["threads"])

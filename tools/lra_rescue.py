@@ -3,46 +3,32 @@ the gain? The seed runs at CPU scale (train_spt.py --preset=cpu_rescue: two laye
 training images, SPT 2,750 steps, finetuning 4,000), then the tables, verdicts and figures
 from their records.
 
-    python tools/lra_rescue.py commands            # one line per run not yet recorded
-    python tools/lra_rescue.py commands --wave=1   # the lines of one wave (1, 2, 3)
+    python tools/lra_rescue.py commands            # one line per run not yet recorded (--wave=N: one wave)
     python tools/lra_rescue.py one --run=qk_s2     # what a line runs: one run, trained, then recorded
     python tools/lra_rescue.py report              # rescue.md and the figures, from the records alone
 
-Each line trains one run with train_spt.py (resuming it from its ckpt.pt when it was
-stopped) and copies its record into --results/<run>: summary.json, log.jsonl, config.json,
+A line trains one run with train_spt.py (resuming it from its ckpt.pt when it was stopped)
+and copies its record into --results/<run>: summary.json, log.jsonl, config.json,
 command.txt, val.json, the best checkpoints. A recorded run is passed over, so a line can be
 sent again. An arm that finetunes from SPT weights needs its SPT-alone run recorded first,
-so run the waves in order: wave 1 needs nothing (the SPT-alone runs, scratch), wave 2 only
-wave 1 (spt), wave 3 the rest, which also waits for the first seed's spt run to take off
-(the gate: if it stays at chance, `commands` leaves the ablation arms out).
+so the waves run in order: 1 needs nothing (the SPT-alone runs, scratch), 2 only wave 1
+(spt), 3 the rest, which also waits for the first seed's spt run to take off (the gate:
+if it stays at chance, `commands` leaves the ablation arms out).
 
     for w in 1 2 3; do python tools/lra_rescue.py commands --wave=$w | OMP_NUM_THREADS=1 xargs -d '\n' -P 2 -I{} sh -c '{}'; done
     # SLURM: an array per wave, each after the one before; job.sh runs line N of its file:
     #   export OMP_NUM_THREADS=1; eval "$(sed -n ${SLURM_ARRAY_TASK_ID}p "$1")"
-    python tools/lra_rescue.py report --seeds=0,1,2
 
-Cost, measured: a step is 1.9-2.1 s on one core of a 2-core Zen 5 EPYC (two runs side by
-side), so an SPT run alone (11 epochs) takes about 1.6 h, a finetuning run (16 epochs) 2.3 h,
-a from-scratch run (27 epochs) 3.8 h: every default arm on 3 seeds is about 45 core-hours.
+Cost, measured: 1.9-2.1 s a step on one core of a 2-core Zen 5 EPYC (two runs side by side):
+SPT alone (11 epochs) about 1.6 h, finetuning (16 epochs) 2.3 h, from scratch (27 epochs)
+3.8 h; every default arm on 3 seeds about 45 core-hours.
 
-An SPT run is split in two records: SPT alone (`spt_pretrain`, --epochs=0), then each arm
-finetunes from its checkpoints (--init_from). The arms (--arms, in this order):
-    spt       SPT, then finetuning from all of its weights (A9's arm (a))
-    qk        only W_Q, W_K from the seed's SPT checkpoint (A5)
-    mlp       only the MLP weights from it (A5's contrast)
-    short1    all weights after SPT's epoch 1 (A2: a short SPT)
-    short5    all weights after SPT's epoch 5
-    cross     SPT on photographs instead (data_lra.load_photos), then finetuning (A3)
-    frozen    from scratch, 27 epochs, attention frozen at its init (A4)
-    attn      all four attention matrices from SPT (A5)
-and by name: scratch (27 epochs, compute-matched: A9's arm (b)), learned (as scratch,
-learned positions), spt_torch and scratch_torch (PyTorch's init: W_Q, W_K not tied).
-The data are generated once; a seed changes the init, the masks and the batch order.
---extra (every run) and --extra_spt (the SPT-alone runs) add train_spt.py flags: a tiny
-sweep for a test, or --device=cuda.
+An SPT run is two records: SPT alone (`spt_pretrain`, --epochs=0), then each arm finetunes
+from its checkpoints (--init_from); ARMS names what each arm starts from. The data are
+generated once; a seed changes the init, the masks and the batch order. --extra (every run)
+and --extra_spt (the SPT-alone runs) add train_spt.py flags.
 """
 
-import contextlib
 import json
 import math
 import os
@@ -57,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from configurator import configure, run_cli  # noqa: E402
+from training import read_log  # noqa: E402
 
 DEFAULTS = dict(action="report",          # commands | one | report
                 out="out/rescue",          # the run folders
@@ -73,27 +60,27 @@ CHANCE = 0.5
 
 # SPT alone (--epochs=0): the runs whose checkpoints the arms finetune from.
 SOURCES = {"spt_pretrain": [], "cross_pretrain": ["--pretrain_task=photos"], "torch_pretrain": ["--init=torch"]}
-# arm: (its start: (source, checkpoint, --init_params), or None for from scratch; more flags)
+SP, BEST = "spt_pretrain", "spt_best.pt"
+# arm: (its start: (source, checkpoint, --init_params), or None for from scratch; more flags). --arms, in this order:
+ARMS = {"spt": ((SP, BEST, "all"), []),                  # SPT, then finetuning from all of its weights (A9's arm (a))
+        "scratch": (None, []),                            # 27 epochs from scratch, compute-matched (A9's arm (b))
+        "qk": ((SP, BEST, "qk"), []),                     # only W_Q, W_K from the seed's SPT checkpoint (A5)
+        "mlp": ((SP, BEST, "mlp"), []),                   # only the MLP weights from it (A5's contrast)
+        "short1": ((SP, "spt_epoch1.pt", "all"), []),     # all weights after SPT's epoch 1 (A2: a short SPT)
+        "short5": ((SP, "spt_epoch5.pt", "all"), []),     # all weights after SPT's epoch 5
+        "cross": (("cross_pretrain", BEST, "all"), []),   # SPT on photographs instead (A3)
+        "frozen": (None, ["--freeze=attn"]),              # from scratch, attention frozen at its init (A4)
+        "attn": ((SP, BEST, "attn"), []),                 # all four attention matrices from SPT (A5)
+        "learned": (None, ["--pos_enc=learned"]),         # as scratch, learned positions
+        "spt_torch": (("torch_pretrain", BEST, "all"), ["--init=torch"]),   # PyTorch's init: W_Q, W_K not tied
+        "scratch_torch": (None, ["--init=torch"])}
 SCRATCH = "scratch"
-ARMS = {
-    "spt": (("spt_pretrain", "spt_best.pt", "all"), []),
-    "scratch": (None, []),
-    "qk": (("spt_pretrain", "spt_best.pt", "qk"), []),
-    "mlp": (("spt_pretrain", "spt_best.pt", "mlp"), []),
-    "short1": (("spt_pretrain", "spt_epoch1.pt", "all"), []),
-    "short5": (("spt_pretrain", "spt_epoch5.pt", "all"), []),
-    "cross": (("cross_pretrain", "spt_best.pt", "all"), []),
-    "frozen": (None, ["--freeze=attn"]),
-    "attn": (("spt_pretrain", "spt_best.pt", "attn"), []),
-    "learned": (None, ["--pos_enc=learned"]),
-    "spt_torch": (("torch_pretrain", "spt_best.pt", "all"), ["--init=torch"]),
-    "scratch_torch": (None, ["--init=torch"]),
-}
 RATED = ("spt", "qk", "attn", "mlp", "frozen")   # the arms the rate rule is asked about, each against scratch
 UNGATED = ("spt", "scratch")     # the arms that run before the first spt seed is judged
 KEPT = ("summary.json", "log.jsonl", "command.txt", "config.json", "finetune_best.pt", "spt_best.pt")
 ALPHA = 0.05          # the rate rule: the one-sided level of the Fisher test, fixed before the runs
 MIN_SEEDS = 3         # below this an arm gets no verdict
+FEW = f"too few seeds ({MIN_SEEDS} per arm needed)"
 
 
 # -----------------------------------------------------------------------------
@@ -107,14 +94,16 @@ def constant_loss(share):
     return -share * math.log(share) - (1 - share) * math.log(1 - share)
 
 
+def chance_band(share, n):
+    """The larger class's share plus 2 standard errors of a coin on n images."""
+    return max(share, 1 - share) + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
+
+
 def off_chance(val_loss, val_loss_se, val_acc, share, n):
     """Does one evaluation say the model has learned something? Either its val loss is
     below the best constant answer's by more than 2 standard errors, or its val accuracy
-    is above the chance band: the larger class's share, plus 2 standard errors of a coin
-    on n images."""
-    majority = max(share, 1 - share)
-    return val_loss < constant_loss(share) - 2 * val_loss_se or \
-        val_acc > majority + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
+    is above the chance band."""
+    return val_loss < constant_loss(share) - 2 * val_loss_se or val_acc > chance_band(share, n)
 
 
 def take_off_epoch(evals, share, n):
@@ -122,10 +111,7 @@ def take_off_epoch(evals, share, n):
     row: over 16-27 epochs a single lucky one is too likely), or None: "stuck".
     evals: the finetuning validation records, in order (val_loss, val_loss_se, val_acc)."""
     off = [off_chance(r["val_loss"], r.get("val_loss_se", 0.0), r["val_acc"], share, n) for r in evals]
-    for i in range(len(off) - 1):
-        if off[i] and off[i + 1]:
-            return evals[i]["epoch"]
-    return None
+    return next((evals[i]["epoch"] for i in range(len(off) - 1) if off[i] and off[i + 1]), None)
 
 
 def verdict(spt, spt_off, base, base_off, min_gap=0.10):
@@ -140,8 +126,8 @@ def verdict(spt, spt_off, base, base_off, min_gap=0.10):
         "neither learns": no seed of either arm takes off;
         "worse": every SPT seed below every baseline seed;
         "not separated": the seeds' ranges overlap."""
-    if len(spt) < 3 or len(base) < 3:
-        return "too few seeds (3 per arm needed)"
+    if min(len(spt), len(base)) < MIN_SEEDS:
+        return FEW
     if not any(spt_off) and not any(base_off):
         return "neither learns"
     if max(spt) < min(base):
@@ -166,8 +152,8 @@ def gain_verdict(arm, arm_off, spt, spt_off, base, most=0.8):
         "recovers the gain": every arm seed above every base seed, its mean at least
             `most` of the gain above base's, and as many of its seeds took off as spt's;
         "part of the gain": every arm seed above every base seed, short of that."""
-    if min(len(arm), len(spt), len(base)) < 3:
-        return "too few seeds (3 per arm needed)"
+    if min(len(arm), len(spt), len(base)) < MIN_SEEDS:
+        return FEW
     if min(spt) <= max(base):
         return "no gain to recover"
     if max(arm) < min(base):
@@ -184,8 +170,8 @@ def frozen_verdict(frozen, base, little=0.05):
         "frozen worse" / "frozen better": the ranges apart;
         "changes little": the ranges overlap and the means are under `little` apart;
         "not separated": the ranges overlap, the means further apart."""
-    if len(frozen) < 3 or len(base) < 3:
-        return "too few seeds (3 per arm needed)"
+    if min(len(frozen), len(base)) < MIN_SEEDS:
+        return FEW
     if max(frozen) < min(base):
         return "frozen worse"
     if min(frozen) > max(base):
@@ -212,15 +198,12 @@ def clopper_pearson(k, n, level=0.95):
     """The exact interval (lo, hi) of a rate from k successes in n trials: lo solves
     P(X >= k | lo) = (1 - level) / 2 and hi solves P(X <= k | hi) = (1 - level) / 2
     (0 and 1 at the ends, k = 0 and k = n). Found by bisection on the binomial tail."""
-    if not 0 <= k <= n or n < 1:
-        raise ValueError(f"clopper_pearson: need 0 <= k <= n and n >= 1, got k={k}, n={n}")
     tail = (1 - level) / 2
 
     def solve(f):                                   # f falls as p grows: the p where f(p) = tail
         a, b = 0.0, 1.0
         for _ in range(60):
-            m = (a + b) / 2
-            a, b = (m, b) if f(m) > tail else (a, m)
+            a, b = (m, b) if f(m := (a + b) / 2) > tail else (a, m)
         return (a + b) / 2
     lo = 0.0 if k == 0 else solve(lambda p: binomial_cdf(k - 1, n, p) - (1 - 2 * tail))   # P(X >= k | lo) = tail
     hi = 1.0 if k == n else solve(lambda p: binomial_cdf(k, n, p))                        # P(X <= k | hi) = tail
@@ -243,7 +226,7 @@ def rate_verdict(k, n, base_k, base_n, alpha=ALPHA):
         "not separated": neither (with few seeds, even 3 of 3 against 0 of 3: p = 0.05);
         "too few seeds": an arm with under MIN_SEEDS seeds."""
     if n < MIN_SEEDS or base_n < MIN_SEEDS:
-        return f"too few seeds ({MIN_SEEDS} per arm needed)"
+        return FEW
     if fisher_greater(k, n, base_k, base_n) < alpha:
         return "takes off more often"
     if fisher_greater(base_k, base_n, k, n) < alpha:
@@ -302,14 +285,13 @@ def rate_table(runs, offs, last, base=SCRATCH):
     for arm, members in runs.items():
         acc, es = [m["test_acc"] for _, _, m in members], offs[arm]
         k, n = sum(e is not None for e in es), len(es)
-        lo, hi = clopper_pearson(k, n)
         median = km_median(es, last[arm])
         against, early = "-", "-"
         if base in runs and arm != base:
             bk, bn = sum(e is not None for e in offs[base]), len(offs[base])
             against = f"{fisher_greater(k, n, bk, bn):.3f}, **{rate_verdict(k, n, bk, bn)}**"
             early = "{:+.2f}, {:.3f}".format(*logrank(es, last[arm], offs[base], last[base]))
-        lines.append(f"| {arm} | {k} of {n} | {lo:.2f}-{hi:.2f} | "
+        lines.append(f"| {arm} | {k} of {n} | " + "{:.2f}-{:.2f}".format(*clopper_pearson(k, n)) + " | "
                      f"{f'> {last[arm]} (not reached)' if median is None else median} | "
                      f"{ms([a for e, a in zip(es, acc) if e is not None])} | {ms(acc)} | {against} | {early} |")
     lines += [f"| {arm} | not recorded here | - | - | - | - | - | - |" for arm in RATED if arm not in runs]
@@ -328,25 +310,19 @@ def folder(where, name, seed):
     return os.path.join(where, f"{name}_s{seed}")
 
 
-def results_dir(cfg):
-    """--results, from the repository's root when relative (the records belong to it)."""
-    return os.path.join(ROOT, cfg["results"])
-
-
 def recorded(cfg, name, seed):
     """A record is renamed into place whole, so its summary.json says it is there."""
-    return os.path.isfile(os.path.join(folder(results_dir(cfg), name, seed), "summary.json"))
+    return os.path.isfile(os.path.join(folder(cfg["records"], name, seed), "summary.json"))
 
 
 def run_flags(name, seed, records):
     """The train_spt.py flags of one run (an arm's, or a source's) at one seed."""
     if name in SOURCES:
-        flags = SOURCES[name] + ["--epochs=0"]
-    else:
-        start, more = ARMS[name]
-        flags = ([f"--init_from={folder(records, start[0], seed)}/{start[1]}", f"--init_params={start[2]}"]
-                 if start else ["--pretrain_epochs=0", f"--epochs={SPT_EPOCHS + EPOCHS}"]) + more
-    return BASE + flags + [f"--seed={seed}"]
+        return BASE + SOURCES[name] + ["--epochs=0", f"--seed={seed}"]
+    start, more = ARMS[name]
+    flags = ([f"--init_from={folder(records, start[0], seed)}/{start[1]}", f"--init_params={start[2]}"]
+             if start else ["--pretrain_epochs=0", f"--epochs={SPT_EPOCHS + EPOCHS}"])
+    return BASE + flags + more + [f"--seed={seed}"]
 
 
 def seeds_of(cfg):
@@ -386,20 +362,21 @@ def jobs(cfg):
 def gate(cfg):
     """None while the ablation arms may run; else why not: the first seed's spt run
     finished without taking off."""
-    d = folder(results_dir(cfg), "spt", seeds_of(cfg)[0])
-    if "spt" not in arm_list(cfg) or not os.path.isfile(os.path.join(d, "summary.json")):
-        return None
-    n, share = val_split(d)
-    if take_off_epoch(finetune_evals(d), share, n) is None:
+    d = folder(cfg["records"], "spt", seeds_of(cfg)[0])
+    if "spt" in arm_list(cfg) and recorded(cfg, "spt", seeds_of(cfg)[0]) and \
+            take_off_epoch(finetune_evals(d), *val_split(d)[::-1]) is None:
         return f"{d} never took off within its finetuning steps: the ablation arms do not start"
+
+
+gated = lambda name: name not in UNGATED and name not in SOURCES     # the arms the gate holds
 
 
 def commands(cfg):
     """Print the line of every unrecorded run (--wave=N: that wave's only), wave by wave,
     and on stderr how many each wave holds. A gate that holds leaves out the arms it gates."""
     holds = gate(cfg)
-    todo = sorted([(w, n, s) for n, s, _, w in jobs(cfg) if not recorded(cfg, n, s)
-                   and not (holds and n not in UNGATED and n not in SOURCES)], key=lambda t: t[0])
+    todo = sorted([(w, n, s) for n, s, _, w in jobs(cfg) if not recorded(cfg, n, s) and not (holds and gated(n))],
+                  key=lambda t: t[0])
     flags = [f"--{k}={cfg[k]}" for k in ("arms", "seeds", "out", "results", "extra", "extra_spt")
              if cfg[k] != DEFAULTS[k]]
     lines = [f"cd {shlex.quote(ROOT)} && " + shlex.join(["python", "tools/lra_rescue.py", "one", f"--run={n}_s{s}",
@@ -415,21 +392,21 @@ def one(cfg):
     """--run=NAME_sSEED: train it (resumed from its ckpt.pt when it was stopped), then copy
     its record into --results, whole: into <record>.partial, then renamed. A recorded run
     is passed over; one whose needs are not recorded, or that the gate holds, is refused."""
-    found = [(n, s, k, w) for n, s, k, w in jobs(cfg) if f"{n}_s{s}" == cfg["run"]]
+    found = [(n, s, k) for n, s, k, _ in jobs(cfg) if f"{n}_s{s}" == cfg["run"]]
     if not found:
         raise ValueError(f"--run={cfg['run']} is not a run of this sweep (--arms={cfg['arms']} --seeds="
                          f"{cfg['seeds']}); python tools/lra_rescue.py commands prints its lines")
-    name, seed, needs, _ = found[0]
-    record, d = folder(results_dir(cfg), name, seed), folder(cfg["out"], name, seed)
+    name, seed, needs = found[0]
+    record, d = folder(cfg["records"], name, seed), folder(cfg["out"], name, seed)
     if recorded(cfg, name, seed):
         return print(f"recorded already: {record}")
-    if missing := [folder(results_dir(cfg), *k) for k in needs if not recorded(cfg, *k)]:
+    if missing := [folder(cfg["records"], *k) for k in needs if not recorded(cfg, *k)]:
         raise FileNotFoundError(f"{cfg['run']} needs {missing[0]}, which is not recorded yet: run the wave before")
-    if name not in UNGATED and name not in SOURCES and gate(cfg):
-        raise ValueError(gate(cfg))
+    if gated(name) and (why := gate(cfg)):
+        raise ValueError(why)
     more = cfg["extra"].split() + (cfg["extra_spt"].split() if name in SOURCES else [])
     argv = ([f"--out_dir={d}", "--init_from=resume"] if os.path.exists(os.path.join(d, "ckpt.pt")) else
-            run_flags(name, seed, results_dir(cfg)) + more + [f"--out_dir={d}", "--overwrite=True"])
+            run_flags(name, seed, cfg["records"]) + more + [f"--out_dir={d}", "--overwrite=True"])
     rc = subprocess.run([sys.executable, os.path.join(ROOT, "train_spt.py"), *argv], cwd=ROOT).returncode
     if not os.path.isfile(os.path.join(d, "summary.json")):
         raise SystemExit(f"error: {d} ended without its summary.json (exit {rc}); this same line resumes it")
@@ -445,15 +422,6 @@ def one(cfg):
 
 # -----------------------------------------------------------------------------
 # The tables, the verdicts and the figures, from the records alone
-
-def read_log(d):
-    """A run's log.jsonl records (a last line cut short by a kill is dropped)."""
-    out = []
-    for line in open(os.path.join(d, "log.jsonl")):
-        with contextlib.suppress(json.JSONDecodeError):
-            out.append(json.loads(line))
-    return out
-
 
 def read_json(d, name):
     with open(os.path.join(d, name)) as f:
@@ -474,14 +442,17 @@ def val_split(d):
     return n, float(np.mean([int(val[i][1]) for i in range(n)]))
 
 
-def finetune_evals(d):
-    """The finetuning phase's validation records of a run, in order."""
-    return [r for r in read_log(d) if r.get("phase") == "finetune" and "val_acc" in r]
+def logged(d, phase, key):
+    """A run's log records of one phase ("spt", "finetune") that hold key, in order."""
+    return [r for r in read_log(d) if r.get("phase") == phase and key in r]
+
+
+finetune_evals = lambda d: logged(d, "finetune", "val_acc")      # the finetuning phase's validation records
 
 
 def gather(cfg):
     """{arm: [(seed, record folder, summary)]} of the recorded arm runs, in ARMS order."""
-    where = results_dir(cfg)
+    where = cfg["records"]
     return {arm: members for arm in ARMS
             if (members := [(s, folder(where, arm, s), read_json(folder(where, arm, s), "summary.json"))
                             for s in seeds_of(cfg) if recorded(cfg, arm, s)])}
@@ -495,7 +466,7 @@ def last_epoch(d):
 
 def unread_records(cfg):
     """The records under --results whose seed is not in --seeds: left out, and said so."""
-    seeds, where = set(seeds_of(cfg)), results_dir(cfg)
+    seeds, where = set(seeds_of(cfg)), cfg["records"]
     found = [d.rsplit("_s", 1) for d in (os.listdir(where) if os.path.isdir(where) else []) if "_s" in d]
     found = sorted((name, int(s)) for name, s in found if (name in ARMS or name in SOURCES) and s.isdigit())
     return [f"{name}_s{s}" for name, s in found if s not in seeds and recorded(cfg, name, s)]
@@ -503,13 +474,11 @@ def unread_records(cfg):
 
 def take_two(cfg):
     """A9's take-two seeds as transcribed into results/rescue/take_two.json (their run
-    folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}, or {}. A results
-    folder without its own copy (the GPU replica's) reads the repository's."""
-    for path in (os.path.join(results_dir(cfg), "take_two.json"), os.path.join(ROOT, "results/rescue/take_two.json")):
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)["arms"]
-    return {}
+    folders were lost): {arm: {"test_acc": [...], "take_off": [...]}}. A results folder
+    without its own copy (the GPU replica's) reads the repository's."""
+    path = os.path.join(cfg["records"], "take_two.json")
+    return read_json(*os.path.split(path if os.path.exists(path) else
+                                    os.path.join(ROOT, "results/rescue/take_two.json")))["arms"]
 
 
 def source_of(d):
@@ -520,25 +489,20 @@ def source_of(d):
     if not init_from or init_from == "resume":
         return None
     src, ckpt = os.path.split(init_from)
-    results = os.path.dirname(os.path.dirname(os.path.abspath(d)))
     tail = src.rsplit(os.sep + "results" + os.sep, 1)
-    near = ([os.path.join(results, tail[1])] if len(tail) == 2 else []) + \
-        [os.path.join(os.path.dirname(os.path.abspath(d)), os.path.basename(src))]
+    near = ([os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(d))), tail[1])] if len(tail) == 2 else []) \
+        + [os.path.join(os.path.dirname(os.path.abspath(d)), os.path.basename(src))]
     src = next((c for c in near + [src] if os.path.isdir(c)), src)
     if ckpt.startswith("spt_epoch"):
         return src, int(ckpt[len("spt_epoch"):-len(".pt")])
-    summary = os.path.join(src, "summary.json")
-    return src, read_json(src, "summary.json").get("spt_best_epoch") if os.path.exists(summary) else None
+    return src, read_json(src, "summary.json").get("spt_best_epoch") if os.path.exists(f"{src}/summary.json") else None
 
 
 def spt_at(d):
     """(SPT steps, SPT val loss) behind a run: its own SPT phase, or its source's at the
     epoch of the checkpoint it started from; (0, None) for a run from scratch."""
-    src = source_of(d)
-    where, epoch = src if src else (d, None)
-    if not os.path.exists(os.path.join(where, "log.jsonl")):
-        return 0, None
-    vals = [r for r in read_log(where) if r.get("phase") == "spt" and "val_loss" in r]
+    where, epoch = source_of(d) or (d, None)
+    vals = logged(where, "spt", "val_loss") if os.path.exists(os.path.join(where, "log.jsonl")) else []
     if not vals:
         return 0, None
     r = next((v for v in vals if v["epoch"] == epoch), None) or min(vals, key=lambda v: v["val_loss"])
@@ -578,17 +542,15 @@ def table(runs, offs, n):
 def source_table(cfg):
     """Markdown: the SPT-alone records, one row a run: SPT val loss by epoch, 3x3 mass."""
     lines = ["| SPT run | SPT val loss by epoch | best | 3x3 mass after SPT, x uniform | wall h |", "|---|---|---|---|---|"]
-    for name in SOURCES:
-        for s in seeds_of(cfg):
-            if not recorded(cfg, name, s):
-                continue
-            d = folder(results_dir(cfg), name, s)
-            m = read_json(d, "summary.json")
-            vals = [r["val_loss"] for r in read_log(d) if r.get("phase") == "spt" and "val_loss" in r]
-            after = m.get("mass2d_r1_spt", m.get("mass2d_r1_start"))       # "spt" in older records
-            mass = f"{after / m['mass2d_r1_uniform']:.1f}" if after and m.get("mass2d_r1_uniform") else "-"
-            lines.append(f"| {name}_s{s} | {', '.join(f'{v:.3f}' for v in vals)} | {m['spt_best_val_loss']:.3f} "
-                         f"(epoch {m.get('spt_best_epoch', '-')}) | {mass} | {m['wall_time_s'] / 3600:.2f} |")
+    for name, s in [(name, s) for name in SOURCES for s in seeds_of(cfg) if recorded(cfg, name, s)]:
+        d = folder(cfg["records"], name, s)
+        m = read_json(d, "summary.json")
+        after = m.get("mass2d_r1_spt", m.get("mass2d_r1_start"))       # "spt" in older records
+        mass = f"{after / m['mass2d_r1_uniform']:.1f}" if after and m.get("mass2d_r1_uniform") else "-"
+        vals = ", ".join(f"{r['val_loss']:.3f}" for r in logged(d, "spt", "val_loss"))
+        lines.append(f"| {name}_s{s} | {vals} | "
+                     f"{m['spt_best_val_loss']:.3f} (epoch {m.get('spt_best_epoch', '-')}) | {mass} | "
+                     f"{m['wall_time_s'] / 3600:.2f} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -597,8 +559,8 @@ def verdicts(cfg, runs, offs, n, share):
     spt and scratch, frozen against scratch. scratch: its records, else take two's seeds."""
     acc = {arm: [m["test_acc"] for _, _, m in members] for arm, members in runs.items()}
     off = {arm: [e is not None for e in es] for arm, es in offs.items()}
-    lines, old = [], take_two(cfg)
-    if SCRATCH not in acc and SCRATCH in old:
+    lines = []
+    if SCRATCH not in acc and SCRATCH in (old := take_two(cfg)):
         acc[SCRATCH], off[SCRATCH] = old[SCRATCH]["test_acc"], [e is not None for e in old[SCRATCH]["take_off"]]
         lines.append("scratch: take two's three seeds, transcribed (results/rescue/take_two.json)")
     pairs = [("spt", "scratch", "SPT against from scratch, compute-matched"),
@@ -606,15 +568,13 @@ def verdicts(cfg, runs, offs, n, share):
              ("spt_torch", "scratch_torch", "SPT against from scratch, both with PyTorch's init (W_Q, W_K untied)")]
     lines += [f"{label}: **{verdict(acc[a], off[a], acc[b], off[b])}**" for a, b, label in pairs
               if a in acc and b in acc]
-    for arm in ("qk", "mlp", "attn", "short1", "short5", "cross"):
-        if arm in acc and "spt" in acc and SCRATCH in acc:
-            lines.append(f"{arm} against spt and scratch: "
-                         f"**{gain_verdict(acc[arm], off[arm], acc['spt'], off['spt'], acc[SCRATCH])}**")
+    if "spt" in acc and SCRATCH in acc:
+        lines += [f"{arm} against spt and scratch: **{gain_verdict(acc[arm], off[arm], acc['spt'], off['spt'], acc[SCRATCH])}**"
+                  for arm in ("qk", "mlp", "attn", "short1", "short5", "cross") if arm in acc]
     if "frozen" in acc and SCRATCH in acc:
         lines.append(f"frozen attention against scratch: **{frozen_verdict(acc['frozen'], acc[SCRATCH])}**")
-    band = max(share, 1 - share) + 2 * math.sqrt(CHANCE * (1 - CHANCE) / n)
     lines.append(f"take-off: two val evaluations in a row with val loss below {constant_loss(share):.4f} (the "
-                 f"best constant answer) by 2 s.e., or val acc above {band:.3f}")
+                 f"best constant answer) by 2 s.e., or val acc above {chance_band(share, n):.3f}")
     lines += [f"{arm}: {sum(e is not None for e in es)} of {len(es)} seeds took off" for arm, es in offs.items()]
     return "\n".join("- " + line for line in lines)
 
@@ -623,7 +583,7 @@ def report(cfg):
     """rescue.md (the tables and verdicts) and three figures, from the records alone."""
     runs = gather(cfg)
     if not runs:
-        raise FileNotFoundError(f"no recorded arm run under {results_dir(cfg)}; print the runs' lines with: "
+        raise FileNotFoundError(f"no recorded arm run under {cfg['records']}; print the runs' lines with: "
                                 f"python tools/lra_rescue.py commands")
     n, share = val_split(next(d for members in runs.values() for _, d, _ in members))
     offs = {arm: [take_off_epoch(finetune_evals(d), share, n) for _, d, _ in members] for arm, members in runs.items()}
@@ -647,22 +607,23 @@ def report(cfg):
 # -----------------------------------------------------------------------------
 # The figures
 
-def pyplot():
+def figure(*args, **kw):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt
+    return plt.subplots(*args, **kw)
 
 
-def save(plt, fig, path):
+def save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
     plt.close(fig)
 
 
 def curve(d, phase, key):
     """(steps, values) of one run's records of a phase that hold key."""
-    rec = [r for r in read_log(d) if r.get("phase") == phase and key in r]
+    rec = logged(d, phase, key)
     return np.array([r["step"] for r in rec]), np.array([r[key] for r in rec])
 
 
@@ -680,20 +641,18 @@ def plot_curves(runs, floor, path):
     right: val loss against labelled step, every arm and seed, with the best constant
     answer's loss. Bottom: val accuracy against labelled step, and against all steps, SPT's
     included, so that the arms line up at equal compute. One colour an arm, one line a seed."""
-    plt = pyplot()
-    fig, ((ax_spt, ax_loss), (ax_acc, ax_all)) = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig, ((ax_spt, ax_loss), (ax_acc, ax_all)) = figure(2, 2, figsize=(11, 7.5))
     for arm, members in runs.items():
-        c = COLOURS[arm]
+        c, dots = COLOURS[arm], dict(color=COLOURS[arm], markersize=3, lw=0.8)
         for i, (s, d, _) in enumerate(members):
             label = arm if i == 0 else None
-            src = source_of(d)
-            if src and i == 0:
+            if (src := source_of(d)) and i == 0:
                 ax_spt.plot(*smooth(*curve(src[0], "spt", "loss")), color=c, lw=0.8, alpha=0.6)
                 ax_spt.plot(*curve(src[0], "spt", "val_loss"), "o", color=c, markersize=3, label=label)
-            ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", color=c, markersize=3, lw=0.8, label=label)
+            ax_loss.plot(*curve(d, "finetune", "val_loss"), "o-", **dots, label=label)
             steps, acc = curve(d, "finetune", "val_acc")
-            ax_acc.plot(steps, acc, "o-", color=c, markersize=3, lw=0.8, label=label)
-            ax_all.plot(steps + spt_at(d)[0], acc, "o-", color=c, markersize=3, lw=0.8, label=label)
+            ax_acc.plot(steps, acc, "o-", **dots, label=label)
+            ax_all.plot(steps + spt_at(d)[0], acc, "o-", **dots, label=label)
     for a in (ax_acc, ax_all):
         a.axhline(CHANCE, color="k", lw=0.6, ls=":")
         a.set_ylabel("val accuracy")
@@ -705,7 +664,7 @@ def plot_curves(runs, floor, path):
     for a in (ax_spt, ax_loss, ax_acc, ax_all):
         a.grid(alpha=0.3)
         a.legend(fontsize=7) if a.get_legend_handles_labels()[0] else None
-    save(plt, fig, path)
+    save(fig, path)
 
 
 def plot_take_offs(runs, offs, last, path):
@@ -713,21 +672,18 @@ def plot_take_offs(runs, offs, last, path):
     epochs), an arm a row, the stuck seeds apart at the right, with k of n. Right: the
     Kaplan-Meier curve of each arm, the share of seeds still stuck after each epoch (a stuck
     seed censored at its arm's last epoch, km_median's reading)."""
-    plt = pyplot()
-    fig, (ax, ax_km) = plt.subplots(1, 2, figsize=(12, 0.5 * len(runs) + 2.2))
+    fig, (ax, ax_km) = figure(1, 2, figsize=(12, 0.5 * len(runs) + 2.2))
     arms = list(runs)
     stuck_x = max(last.values()) + 3
     for row, arm in enumerate(arms):
         es, c = offs[arm], COLOURS[arm]
-        jitter = np.linspace(-0.2, 0.2, len(es)) if len(es) > 1 else [0.0]
-        for e, j in zip(es, jitter):
+        for e, j in zip(es, np.linspace(-0.2, 0.2, len(es)) if len(es) > 1 else [0.0]):
             ax.plot(stuck_x if e is None else e, row + j, "x" if e is None else "o", color=c, markersize=6)
         ax.text(stuck_x + 1.5, row, f"{sum(e is not None for e in es)} of {len(es)}", va="center", fontsize=8)
         times, share = [0], [1.0]
         for t in range(1, last[arm] + 1):                            # S(t) = prod (1 - d_t / n_t)
             at_risk = sum(1 for e in es if e is None or e >= t)
-            d = sum(1 for e in es if e == t)
-            times.append(t), share.append(share[-1] * (1 - d / at_risk) if at_risk else share[-1])
+            times.append(t), share.append(share[-1] * (1 - es.count(t) / at_risk) if at_risk else share[-1])
         ax_km.step(times, share, where="post", color=c, label=f"{arm} ({len(es)} seeds)")
     ax.axvline(stuck_x - 1.5, color="gray", lw=0.5)
     ax.set_yticks(range(len(arms)), arms), ax.set_ylim(-0.6, len(arms) - 0.4), ax.invert_yaxis()
@@ -736,7 +692,7 @@ def plot_take_offs(runs, offs, last, path):
     ax.set_title("take-off epoch of each seed", fontsize=10)
     ax_km.set_xlabel("labelled epoch"), ax_km.set_ylabel("share of seeds still at chance"), ax_km.set_ylim(-0.03, 1.03)
     ax_km.set_title("Kaplan-Meier: still stuck after each epoch", fontsize=10), ax_km.legend(fontsize=7)
-    save(plt, fig, path)
+    save(fig, path)
 
 
 def plot_maps(first, path):
@@ -777,6 +733,7 @@ def main(argv):
     if cfg["action"] not in actions:
         raise ValueError(f"--action={cfg['action']}: choose {', '.join(actions)}")
     arm_list(cfg), seeds_of(cfg)                              # a bad --arms or --seeds: one line, before any work
+    cfg["records"] = os.path.join(ROOT, cfg["results"])      # relative: from the repository's root
     return actions[cfg["action"]](cfg)
 
 

@@ -12,7 +12,6 @@ log.jsonl), and a figure of their curves:
 Runs of train_flt.py are left out (tools/flt_compare.py draws them), and said so.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import configure, run_cli  # noqa: E402
+from training import read_log  # noqa: E402
 
 DEFAULTS = dict(runs="",                 # comma list of folders holding train_spt.py run folders
                 out="out/spt_report")    # where report.md and val_accuracy.png go
@@ -35,15 +35,6 @@ SEED_STATS = ("best_val_acc", "test_acc", "mass_w2_finetune", "score_std_init")
 def read_json(path):
     with open(path) as f:
         return json.load(f)
-
-
-def read_log(d):
-    """A run's log.jsonl records (a last line cut short by a kill is dropped)."""
-    out = []
-    for line in open(os.path.join(d, "log.jsonl")):
-        with contextlib.suppress(json.JSONDecodeError):
-            out.append(json.loads(line))
-    return out
 
 
 def find_runs(dirs):

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configurator import configure, run_cli  # noqa: E402  (the repository root, added just above)
 from synthetic import load_split  # noqa: E402
 from theory import (MASK_RATIO, NONZERO_TOL, WIDTHS, ZERO_TOL, abstraction, build_model,  # noqa: E402
-                    centred_proximity, cosine, own_scores, qk_gradients, rows_identical, score_gradients)
+                    centred_proximity, cosine, qk_gradients, rows_identical, score_gradients)
 
 INITS = ("torch", "gpt2", "amos")
 
@@ -65,23 +65,15 @@ def full_layer(model, idx, S):
     return model.ln_f(x + block.mlp(block.ln_2(x)))
 
 
-def queries_keys(model, tokens):
-    """h = ln_1(x) and the layer's Q = h W_Q^T + b_Q, K = h W_K^T + b_K, per head (no gradient)."""
-    block, attn = model.blocks[0], model.blocks[0].attn
-    with torch.no_grad():
-        h = block.ln_1(model.embed(tokens))
-        return h, attn.split_heads(attn.W_Q(h)), attn.split_heads(attn.W_K(h))
-
-
 def score_change(model, tokens, step):
     """First-order change of the scores S = Q K^T / sqrt(d_head), Q = h W_Q^T + b_Q,
     K = h W_K^T + b_K, h = ln_1(x), for the step (dW_Q, db_Q, dW_K, db_K):
         dS = (dQ K^T + Q dK^T) / sqrt(d_head)   (exact: S is bilinear in Q, K),
     row-centred, since a constant added to a row of S changes no attention."""
-    attn = model.blocks[0].attn
-    dWq, dbq, dWk, dbk = step
-    h, Q, K = queries_keys(model, tokens)
+    attn, (dWq, dbq, dWk, dbk) = model.blocks[0].attn, step
     with torch.no_grad():
+        h = model.blocks[0].ln_1(model.embed(tokens))
+        Q, K = attn.split_heads(attn.W_Q(h)), attn.split_heads(attn.W_K(h))
         dQ, dK = attn.split_heads(h @ dWq.T + dbq), attn.split_heads(h @ dWk.T + dbk)
         dS = (dQ @ K.transpose(-2, -1) + Q @ dK.transpose(-2, -1)) / math.sqrt(attn.head_dim)
     return dS - dS.mean(-1, keepdim=True)
@@ -174,10 +166,8 @@ PART4 = (("S_rows", "4 abstraction at init {}'s own scores: rows of supervised d
          ("S_rec_descent", "4   reconstruction descent cos, batch-averaged (> 0: towards neighbours)"))
 
 
-def rows():
-    """(key, label) of every row of the table, in its order: parts 1-2, then 3 and 4 per init."""
-    return [
-        ("p1_sup_max", "1 abstraction, W_Q=W_K=0: supervised max abs cos (all widths, examples, heads)"),
+# (key, label) of every row of the table, in its order: parts 1-2, then 3 and 4 per init
+ROWS = [("p1_sup_max", "1 abstraction, W_Q=W_K=0: supervised max abs cos (all widths, examples, heads)"),
         ("p1_rec", "1   reconstruction mean abs cos per example, head"),
         ("p1_rec_avg", "1   reconstruction abs cos of the batch-averaged dL/dS"),
         ("p1_rec_descent", "1   reconstruction descent cos, batch-averaged (> 0: towards neighbours)"),
@@ -185,7 +175,7 @@ def rows():
         ("p2_sup", "2 full layer, W_Q=W_K=0: supervised mean abs cos"),
         ("p2_rec", "2   reconstruction mean abs cos"),
         ("p2_ratio", "2   ratio reconstruction / supervised"),
-    ] + [(f"{init}_{key}", label.format(init)) for part in (PART3, PART4) for init in INITS for key, label in part]
+        ] + [(f"{init}_{key}", label.format(init)) for part in (PART3, PART4) for init in INITS for key, label in part]
 
 
 def spread(xs, signed=False):
@@ -205,23 +195,6 @@ def sign_verdict(xs):
     return f"> 0 in {sum(x > 0 for x in xs)} of {len(xs)} seeds: no direction"
 
 
-def print_table(per, n_seeds, width, T, init):
-    print(f"\nmean ± std [min, max] over {n_seeds} seeds; P = centred proximity pattern, |i-j| <= {width}; "
-          f"parts 1-2 from init={init}; chance abs cos = {chance_abs_cos(T):.4f}")
-    print("| part / quantity | random walks (synthetic.py) | i.i.d. tokens (control) |")
-    print("|---|---|---|")
-    signed_keys = [k for k, _ in rows() if k.endswith("descent")]            # directions
-    for key, label in rows():
-        signed = key in signed_keys
-        print(f"| {label} | {spread(per['walks'][key], signed)} | {spread(per['iid'][key], signed)} |")
-    print("\ndirections, by seed:")
-    for key in signed_keys:
-        print(f"  {key}: walks {sign_verdict(per['walks'][key])}; i.i.d. {sign_verdict(per['iid'][key])}")
-    print("share of each abs cos above the i.i.d. control, 1 - iid/walks, paired by seed:")
-    for key in ["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS] + [f"{i}_S_{x}" for i in INITS for x in ("sup", "rec")]:
-        print(f"  {key}: {spread([1 - i / w for w, i in zip(per['walks'][key], per['iid'][key])], True)}")
-
-
 def main(argv=None):
     cfg = configure({"seeds": 8, "n_batches": 2, "batch_size": 32, "width": 2, "init": "torch"},
                     argv, __doc__)
@@ -229,16 +202,22 @@ def main(argv=None):
         raise ValueError("need --seeds >= 1, --n_batches >= 1, --batch_size >= 2, --width >= 1")
     if cfg["init"] not in INITS:
         raise ValueError(f"--init={cfg['init']!r} is unknown; choose one of {INITS}")
-    data = load_split("val", n=2, seed=0)
-    model = build_model(data.vocab_size, data.max_len, 0, cfg["init"], uniform=True)
-    real = [build_model(data.vocab_size, data.max_len, 0, name, uniform=False) for name in INITS]
-    for m in [model] + real:   # our written-out layer is the model's own function at its own scores
-        S = own_scores(m, data.tokens).detach()
-        same = m.head(full_layer(m, data.tokens, S).mean(1))
-        assert torch.allclose(same, m.classify(data.tokens), atol=1e-10)
-
     per = run_seeds(cfg["seeds"], cfg["n_batches"], cfg["batch_size"], cfg["width"], cfg["init"])
-    print_table(per, cfg["seeds"], cfg["width"], data.max_len, cfg["init"])
+    print(f"\nmean ± std [min, max] over {cfg['seeds']} seeds; P = centred proximity pattern, |i-j| <= "
+          f"{cfg['width']}; parts 1-2 from init={cfg['init']}; chance abs cos = "
+          f"{chance_abs_cos(load_split('val', n=2).max_len):.4f}")
+    print("| part / quantity | random walks (synthetic.py) | i.i.d. tokens (control) |\n|---|---|---|")
+    signed_keys = [k for k, _ in ROWS if k.endswith("descent")]            # directions
+    for key, label in ROWS:
+        print(f"| {label} | {spread(per['walks'][key], key in signed_keys)} | "
+              f"{spread(per['iid'][key], key in signed_keys)} |")
+    print("\ndirections, by seed:")
+    for key in signed_keys:
+        print(f"  {key}: walks {sign_verdict(per['walks'][key])}; i.i.d. {sign_verdict(per['iid'][key])}")
+    print("share of each abs cos above the i.i.d. control, 1 - iid/walks, paired by seed:")
+    for key in ["p1_rec", "p2_rec"] + [f"{i}_rec" for i in INITS] + [f"{i}_S_{x}" for i in INITS
+                                                                     for x in ("sup", "rec")]:
+        print(f"  {key}: {spread([1 - i / w for w, i in zip(per['walks'][key], per['iid'][key])], True)}")
 
     worst = lambda key, pick: pick(pick(per[s][key]) for s in per)     # over seeds and sources
     ok = (worst("p1_sup_max", max) < ZERO_TOL and worst("p1_rec_min", min) > NONZERO_TOL
