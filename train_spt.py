@@ -226,7 +226,8 @@ def micro_row(k, cfg, rt):
 
 
 def train_phase(name, model, train_ds, val_ds, run):
-    """Train `model` in place. name='spt': masked reconstruction, best = lowest val loss.
+    """Train `model` in place. name='spt': masked reconstruction, best = lowest val loss (Amos et
+    al. keep the highest masked-token accuracy; REPORT's departures say why not here).
     name='finetune': classification, best = highest val accuracy. Returns the phase's state:
     epoch, step, best_metric, best_epoch; its best weights are in <out_dir>/<name>_best.pt."""
     cfg, rt, accum, spt = run.cfg, run.rt, run.cfg["grad_accum"], name == "spt"
