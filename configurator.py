@@ -24,9 +24,8 @@ def configure(defaults, argv, doc="", source=None, files=()):
     A value is read as a Python literal (--lr=3e-4, --compile=True) and must have its default's
     type (an int is a valid float; a string default takes the text as it is)."""
     cfg = dict(defaults)
-    for path in files:                                       # a config file's assignments, as flags first
-        argv = [f"--{k}={v}" for k, v in runpy.run_path(path).items() if not k.startswith("__")] + list(argv)
-    for arg in argv:
+    first = [f"--{k}={v}" for path in files for k, v in runpy.run_path(path).items() if not k.startswith("__")]
+    for arg in first + list(argv):                           # the config files' assignments, as flags, first
         if arg in ("-h", "--help"):
             print(doc.strip() + "\n\n" + flag_help(defaults, source))
             sys.exit(0)
