@@ -462,16 +462,26 @@ def load_splits(cfg, rt):
     return data
 
 
-def announce_cost(cfg, rt, model, ds):
-    """A long run says first what it costs here: a step of its own model (timed after a warm-up,
-    the best of 2, so a busy machine inflates it little) times its steps; then it goes on."""
-    x = ds.collate([ds[0], ds[1]])[0].to(rt.device)
-    step_s = step_seconds(model, lambda: model.classify(x).float().logsumexp(-1).mean(), rt) / 2 * cfg["batch_size"]
-    hours = step_s * (cfg["pretrain_epochs"] + cfg["epochs"]) * len(ds) / cfg["batch_size"] / 3600
+def announce_cost(cfg, rt):
+    """An image task's run says first, before any data is made or read, what it costs here: a step
+    of a model of its size on random images (timed after a warm-up, the best of 2, so a busy machine
+    inflates it little) times its steps. Then it goes on."""
+    if cfg["task"] not in ("image", "pathfinder", "pathx") or not rt.master:
+        return
+    side, n = (128 if cfg["task"] == "pathx" else 32), cfg["n_generate"] or 200_000
+    n_train = cfg["n_train"] or (45_000 if cfg["task"] == "image" else int(0.8 * n))   # their 80/10/10 split
+    conf = TransformerConfig(vocab_size=258, n_classes=2, max_len=side * side, n_layer=cfg["depth"], n_head=cfg["n_head"],
+                             n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"], pixel_encoder=cfg["pixel_encoder"], mask_id=257)
+    with torch.random.fork_rng(devices=[]):
+        model, x = Transformer(conf).to(rt.device), torch.randint(0, 256, (2, side * side), device=rt.device)
+        step_s = step_seconds(model, lambda: model.classify(x).float().logsumexp(-1).mean(), rt, rt.ptdtype)
+    hours = step_s / 2 * (cfg["pretrain_epochs"] + cfg["epochs"]) * n_train / 3600
     if hours > 0.2:
-        say(rt, f"This run takes about {hours:,.1f} h ({hours / 24:.1f} days) here, at {step_s:.2f} s a step, measured "
-                f"now. Sooner: `python train_spt.py --task=synthetic` (minutes) or `--task=pathfinder "
-                f"--preset=cpu_rescue` (hours). Going on; Ctrl-C stops it, --init_from=resume continues it.")
+        say(rt, f"This run takes about {hours:,.1f} h ({hours / 24:.1f} days) here: {step_s / 2 * cfg['batch_size']:.2f} s "
+                f"a step, measured now after a warm-up, and {(cfg['pretrain_epochs'] + cfg['epochs'])} epochs of "
+                f"{n_train:,} images. Sooner: `python train_spt.py --task=synthetic` (minutes) or `--task=pathfinder "
+                f"--preset=cpu_rescue` (hours). Going on; Ctrl-C stops it (images made so far are kept), and the "
+                f"same command continues it (with --init_from=resume once it trains).")
 
 
 # -----------------------------------------------------------------------------
@@ -481,11 +491,11 @@ def main(argv):
     cfg = get_config(argv)
     with Run(cfg, "train_spt.py", argv, FREE) as run:                  # the folder checked and locked
         cfg, rt = run.cfg, run.rt
+        announce_cost(cfg, rt)                                        # a long run says so first
         data = load_splits(cfg, rt)
         cfg["data"] = {k: getattr(data[k], "source", "made in memory") for k in ("train", "pretrain")}
         model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
         choose_fast_dtype(cfg, rt, model, lambda: model.classify(data["train"].collate([data["train"][0]])[0]).sum())
-        announce_cost(cfg, rt, model, data["train"])
         # on resume, keep the records written before ckpt.pt; an epoch's val record only if ckpt.pt has it
         order = lambda r: (("spt", "finetune").index(r["phase"]), r["step"])
         at = order(run.ckpt) if run.ckpt else (0, 0)

@@ -344,16 +344,20 @@ def test_token_pixel_encoder_runs_spt_then_finetuning_on_pathfinder(tmp_path):
 
 
 # The main command's cost, said before the training
-def test_a_long_run_says_its_cost_and_the_shorter_commands_first(capsys):
-    cfg = spt_config(["--task=synthetic", "--pretrain_epochs=5000"])
-    rt = setup_runtime("cpu", "float32")
-    ds = train_spt.load_data("synthetic", "train", cfg)
-    model = train_spt.build_model(cfg, [ds])
-    train_spt.announce_cost(cfg, rt, model, ds)
+def test_a_long_run_says_its_cost_and_the_shorter_commands_first(tmp_path, monkeypatch, capsys):
+    """The main command says what it costs before any image is made, then goes on."""
+    import data_lra
+
+    def no_data(*args, **kwargs):
+        raise KeyboardInterrupt("stopped where the data would be made")
+    monkeypatch.setattr(data_lra, "load_task", no_data)
+    with pytest.raises(KeyboardInterrupt):
+        train_spt.main(["--task=pathfinder", "--depth=1", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
-    assert re.search(r"This run takes about [\d,.]+ h .* at [\d.]+ s a step", out) and "--task=synthetic" in out
-    assert all(p.grad is None for p in model.parameters())
-    train_spt.announce_cost(spt_config(["--task=synthetic"]), rt, model, ds)     # minutes: no line
+    assert re.search(r"This run takes about [\d,.]+ h .* 250 epochs of 160,000 images", out), out
+    assert "--task=synthetic" in out and "--preset=cpu_rescue" in out and not (tmp_path / "data").exists()
+    train_spt.announce_cost(spt_config(["--task=pathfinder", *PRESET_4_STEPS, "--n_generate=200"]),
+                            setup_runtime("cpu", "float32"))                       # minutes: no line
     assert capsys.readouterr().out == ""
 
 
