@@ -222,11 +222,15 @@ def get_config(argv):
     for key in sorted(given & {k for k, (_, applies) in only.items() if not applies}):
         raise ValueError(f"--{key} applies only to {only[key][0]}; leave it out")
     LoopedConfig(**model_args(cfg, cfg["vocab_size"]))                # the model's own checks
-    if not cfg["out_dir"]:                     # out/flt_<variant>_K<n_loops>_<every flag that differs>
-        skip = ("variant", "n_loops", "init_from", "evaluate", *FREE)
-        cfg["out_dir"] = os.path.join("out", f"flt_{cfg['variant']}_K{cfg['n_loops']}" + "".join(
-            f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
     return cfg
+
+
+def auto_out_dir(cfg):
+    """--out_dir="": out/flt_<variant>_K<n_loops>, then each flag that differs from DEFAULTS and
+    the recipe, so two different runs never share a folder."""
+    base, skip = {**DEFAULTS, **RECIPES[cfg["optim"]]}, ("variant", "n_loops", "init_from", "evaluate", *FREE)
+    return os.path.join("out", f"flt_{cfg['variant']}_K{cfg['n_loops']}" + "".join(
+        f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
 
 
 def model_args(cfg, vocab_size):
@@ -258,6 +262,7 @@ def reference_curve(cfg):
 
 def main(argv):
     cfg = get_config(argv)
+    cfg["out_dir"] = cfg["out_dir"] or auto_out_dir(cfg)
     if cfg["evaluate"]:
         return evaluate_checkpoint(cfg["evaluate"], cfg["test_loops"], cfg["device"])
     with Run(cfg, "train_flt.py", argv, FREE) as run:                  # the folder checked and locked
@@ -346,8 +351,8 @@ def main(argv):
         n_test = max(cfg["test_loops"] or max(2 * K, 12), K)
         curve = evaluate(raw, eval_xy, n_test, rt) if nan_step is None else {}
         records = read_log(cfg["out_dir"]) if rt.master else []         # the whole run, resumed or not
-        summary = summarize(run, raw, records, curve, nan_step, ref, unigram_entropy(train, vocab),
-                            len(eval_xy[0]), is_bytes)
+        summary = summarize(run, raw, records, curve, nan_step, dict(
+            ref=ref, h_unigram=unigram_entropy(train, vocab), eval_set_size=len(eval_xy[0]), is_bytes=is_bytes))
         if rt.ddp:                                                      # every replica holds the same weights
             summary["ddp_replicas_identical"] = replica_max_diff(raw, rt) == 0.0
         run.write_summary(summary)
@@ -362,13 +367,14 @@ def main(argv):
         return summary if rt.master else None                          # rank 0 speaks for the run
 
 
-def summarize(run, raw, records, curve, nan_step, ref, h_unigram, eval_set_size, is_bytes):
+def summarize(run, raw, records, curve, nan_step, data):
     """summary.json: Paper B's measurements of a finished run, computed from log.jsonl (so
     a resumed run is summarised over its whole history: `records`) and the test-time loop curve:
-    the gradient and residual-norm statistics and the outcome (stability.py's). h_unigram: the
-    entropy (nats/token) of the training data's unigram distribution, the loss of a model that
-    ignores context. ref: the 1-loop reference run's val curve (--reference), or None."""
-    cfg, K = run.cfg, run.cfg["n_loops"]
+    the gradient and residual-norm statistics and the outcome (stability.py's). data: h_unigram,
+    the entropy (nats/token) of the training data's unigram distribution, the loss of a model that
+    ignores context; ref, the 1-loop reference run's val curve (--reference) or None; the eval
+    set's size; whether the tokens are bytes."""
+    cfg, K, ref, h_unigram = run.cfg, run.cfg["n_loops"], data["ref"], data["h_unigram"]
     steps = [rec for rec in records if "loss" in rec]
     val = {x["step"]: x["val_loss"] for x in records if "val_loss" in x}
     tail = steps[len(steps) - max(1, len(steps) // 10):]
@@ -380,7 +386,7 @@ def summarize(run, raw, records, curve, nan_step, ref, h_unigram, eval_set_size,
         "final_train_loss": float(np.mean([rec["loss"] for rec in tail])) if tail else float("nan"),
         "min_train_loss": float(min(rec["loss"] for rec in steps)) if steps else float("nan"),
         "final_val_loss": final_val, "val_steps": sorted(val), "val_curve": [val[k] for k in sorted(val)],
-        "eval_set_size": eval_set_size, "unigram_entropy": h_unigram,
+        "eval_set_size": data["eval_set_size"], "unigram_entropy": h_unigram,
         **gradient_statistics([rec["grad_norm"] for rec in steps[:cfg["osc_steps"]]]),
         **residual_statistics(steps, K),
         "outcome": verdict, "outcome_reason": reason, "nan_step": nan_step,
@@ -397,7 +403,7 @@ def summarize(run, raw, records, curve, nan_step, ref, h_unigram, eval_set_size,
         out.update(reference=cfg["reference"], reference_val_loss=ref_final, reference_val_steps=shared,
                    reference_val_curve=[ref[k] for k in shared],
                    gain_kept=(h_unigram - final_val) / (h_unigram - ref_final) if h_unigram > ref_final else math.nan)
-    if is_bytes:
+    if data["is_bytes"]:
         out["final_val_bpb"] = out["final_val_loss"] / math.log(2)
     return out
 

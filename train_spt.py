@@ -415,11 +415,16 @@ def get_config(argv):
         theirs = load_checkpoint(cfg["init_from"]).get("config", {})      # one line if missing or damaged
         if any(theirs.get(k) != cfg[k] for k in ("depth", "n_embd", "n_head", "ffn_mult")):
             raise ValueError(f"--init_from={cfg['init_from']} is a model of another shape; give the same model flags")
-    if not cfg["out_dir"]:                     # out/<task>_d<depth>_<epochs>ep_<every flag that differs>
-        skip = ("task", "depth", "pretrain_epochs", "config_files", *FREE)
-        cfg["out_dir"] = os.path.join("out", f"{task}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep" + "".join(
-            f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
     return cfg
+
+
+def auto_out_dir(cfg):
+    """--out_dir="": out/<task>_d<depth>_<pretrain_epochs>ep, then each flag that differs from
+    DEFAULTS and the config files, so two different runs never share a folder."""
+    base = configure(DEFAULTS, [], files=[os.path.join(HERE, f) for f in cfg["config_files"].split(", ")])
+    skip = ("task", "depth", "pretrain_epochs", "config_files", *FREE)
+    return os.path.join("out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep" + "".join(
+        f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
 
 
 class Subset(torch.utils.data.Subset):
@@ -489,6 +494,7 @@ def announce_cost(cfg, rt):
 
 def main(argv):
     cfg = get_config(argv)
+    cfg["out_dir"] = cfg["out_dir"] or auto_out_dir(cfg)
     with Run(cfg, "train_spt.py", argv, FREE) as run:                  # the folder checked and locked
         cfg, rt = run.cfg, run.rt
         announce_cost(cfg, rt)                                        # a long run says so first

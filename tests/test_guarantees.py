@@ -1,4 +1,4 @@
-"""The guarantees a researcher relies on (issue 72, item 6), each tested on the real
+"""The guarantees a researcher relies on, each tested on the real
 train_spt.py, run as a user runs it (a subprocess, in a fresh folder), or on the
 training.py / configurator.py function that gives it where that is much faster:
 

@@ -88,7 +88,8 @@ def test_every_bad_flag_is_one_line_before_anything_is_written(tmp_path, text_fi
 
 
 def test_out_dir_is_named_after_the_variant_the_loops_and_each_flag_that_differs():
-    name = lambda *flags: train_flt.get_config(list(flags))["out_dir"]
+    name = lambda *flags: train_flt.get_config(list(flags))["out_dir"] or train_flt.auto_out_dir(
+        train_flt.get_config(list(flags)))
     assert name() == os.path.join("out", "flt_FLT_K12")
     assert name("--variant=LT", "--n_loops=6", "--lr_mult=2", "--device=cpu", "--seed=1337") == \
         os.path.join("out", "flt_LT_K6_lr_mult-2.0")                    # the device changes no result
@@ -98,11 +99,9 @@ def test_out_dir_is_named_after_the_variant_the_loops_and_each_flag_that_differs
 
 def test_the_bare_command_runs_the_recipe_its_defaults_show():
     cfg = train_flt.get_config([])
-    assert {k: cfg[k] for k in train_flt.DEFAULTS if k != "out_dir"} == \
-        {k: v for k, v in train_flt.DEFAULTS.items() if k != "out_dir"} and train_flt.RECIPES["muon"] == {}
+    assert cfg == train_flt.DEFAULTS and train_flt.RECIPES["muon"] == {}
     adamw = train_flt.get_config(["--optim=adamw"])
-    assert {k for k in train_flt.DEFAULTS if adamw[k] != cfg[k]} == set(train_flt.RECIPES["adamw"]) | {"optim",
-                                                                                                      "out_dir"}
+    assert {k for k in train_flt.DEFAULTS if adamw[k] != cfg[k]} == set(train_flt.RECIPES["adamw"]) | {"optim"}
 
 
 # -----------------------------------------------------------------------------

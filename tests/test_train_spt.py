@@ -366,9 +366,8 @@ def test_the_main_command_runs_the_experiment_its_defaults_show():
     config/pathfinder.py sets nothing, and another task's file sets its own keys."""
     for argv in (["--task=pathfinder", "--depth=1"], []):
         cfg = spt_config(argv)
-        assert {k: cfg[k] for k in train_spt.DEFAULTS if k != "out_dir"} == \
-            {k: v for k, v in train_spt.DEFAULTS.items() if k != "out_dir"}, argv
-        assert cfg["out_dir"] == "out/pathfinder_d1_50ep"
+        assert {k: cfg[k] for k in train_spt.DEFAULTS} == train_spt.DEFAULTS, argv
+        assert train_spt.auto_out_dir(cfg) == "out/pathfinder_d1_50ep"
     other = spt_config(["--task=synthetic"])
     assert other["init"] == "torch" and other["pixel_encoder"] == "token" and other["warmup_steps"] == 0
     assert other["config_files"] == "config/synthetic.py"
