@@ -505,7 +505,7 @@ def main(argv):
         # on resume, keep the records written before ckpt.pt; an epoch's val record only if ckpt.pt has it
         order = lambda r: (("spt", "finetune").index(r["phase"]), r["step"])
         at = order(run.ckpt) if run.ckpt else (0, 0)
-        run.begin(keep=lambda r: order(r) < at or order(r) == at and r["epoch"] <= run.ckpt.get("epoch", r["epoch"]))
+        run.begin(keep=lambda r: order(r) < at or order(r) == at and r.get("epoch", 0) <= run.ckpt.get("epoch", 0))
         say(rt, f"device {rt.device} ({rt.ptdtype}), world size {rt.world_size}; task {cfg['task']}: "
                 f"{len(data['train'])}/{len(data['val'])}/{len(data['test'])} train/val/test ({cfg['data']['train']}); "
                 f"{cfg['config_files']}; pretraining on {cfg['pretrain_task'] or cfg['task']}; "

@@ -268,10 +268,14 @@ class Run:
             except BaseException:
                 self.release()
                 raise
-        if self.cfg["init_from"] == "resume":
-            self.ckpt = load_checkpoint(self.ckpt_path)
-            self.cfg = self.resumed_config(self.ckpt["config"])
-        self.rt = setup_runtime(self.cfg["device"], self.cfg["dtype"], self.cfg["seed"])
+        try:
+            if self.cfg["init_from"] == "resume":
+                self.ckpt = load_checkpoint(self.ckpt_path)
+                self.cfg = self.resumed_config(self.ckpt["config"])
+            self.rt = setup_runtime(self.cfg["device"], self.cfg["dtype"], self.cfg["seed"])
+        except BaseException:                                   # a refused resume frees the folder
+            self.release()
+            raise
         self.start, self.before = time.time(), self.ckpt.get("wall_time", 0.0) if self.ckpt else 0.0
         self.handlers = {s: signal.signal(s, self.on_signal) for s in STOP_SIGNALS}
         return self
@@ -305,17 +309,19 @@ class Run:
 
     def begin(self, keep=lambda record: True):
         """Every check has passed: write config.json and command.txt (a line more per resume)
-        and start log.jsonl; on resume keep only the records keep(record) says were written
-        before the resume point. Prints the command that resumes this run."""
+        and start log.jsonl (and snapshots.jsonl, if there is one); on resume keep only the records
+        keep(record) says were written before the resume point. Prints the command that resumes it."""
         if self.rt.master:
             mode = "a" if self.ckpt else "w"
             with open(os.path.join(self.dir, "command.txt"), mode) as f:
                 f.write(shlex.join(["python", self.script, *self.argv]) + "\n")
             write_json(os.path.join(self.dir, "config.json"), self.cfg)
-            path = os.path.join(self.dir, "log.jsonl")
-            kept = [r for r in read_log(self.dir) if keep(r)] if self.ckpt and os.path.exists(path) else []
-            with open(path, "w") as f:
-                f.writelines(json.dumps(finite(r)) + "\n" for r in kept)
+            for name in ("log.jsonl", "snapshots.jsonl"):
+                path = os.path.join(self.dir, name)
+                kept = [r for r in read_log(self.dir, name) if keep(r)] if self.ckpt and os.path.exists(path) else []
+                if name == "log.jsonl" or kept:
+                    with open(path, "w") as f:
+                        f.writelines(json.dumps(finite(r)) + "\n" for r in kept)
             print(f"[{os.path.basename(self.dir)}] after a stop, continue with: python {self.script} "
                   f"--init_from=resume --out_dir={self.dir}", flush=True)
         self.begun = True

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -407,3 +408,19 @@ def test_a_run_records_which_data_it_read(tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data"] == {"train": "made in memory", "pretrain": "made in memory"} and "test_acc" in summary
     assert config["config_files"] == "config/synthetic.py"
+
+
+def test_a_resumed_run_keeps_its_attention_snapshots_once(tmp_path):
+    """A run killed after a snapshot but before its next checkpoint resumes from the checkpoint:
+    the snapshots it logged past that point are dropped, not written twice."""
+    flags = ["--n_train=640", "--n_eval=32", "--pretrain_epochs=1", "--epochs=1", "--snapshot_attn_every=3"]
+    run(tmp_path / "a", *flags)
+    with pytest.raises(SystemExit, match="halted"):
+        run(tmp_path / "b", *flags, "--halt_after_steps=5")                    # ckpt.pt at step 5
+    shutil.copy(tmp_path / "b" / "ckpt.pt", tmp_path / "step5.pt")
+    with pytest.raises(SystemExit, match="halted"):
+        run(tmp_path / "b", "--init_from=resume", "--halt_after_steps=3")      # snapshot at 6, ckpt.pt at 8
+    shutil.copy(tmp_path / "step5.pt", tmp_path / "b" / "ckpt.pt")            # as if killed before step 8's save
+    run(tmp_path / "b", "--init_from=resume")
+    steps = lambda d: [(r["phase"], r["step"]) for r in read_log(d, "snapshots.jsonl")]
+    assert steps(tmp_path / "b") == steps(tmp_path / "a") and len(steps(tmp_path / "a")) == 6
