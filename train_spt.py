@@ -9,12 +9,12 @@ Self-Pretraining for Sequence Classification" (Coser et al. 2026).
     python train_spt.py --task=pathfinder --depth=1               # LRA, Amos et al.'s one-GPU settings
     torchrun --standalone --nproc_per_node=2 train_spt.py --task=synthetic
 
-Phase 1 (SPT): masked-token reconstruction on the task's own training split (Amos et al. 2024).
-Phase 2: classification from the best SPT weights (all, or only the group --init_params). A run
-writes config.json, log.jsonl, summary.json, checkpoints and figures into out_dir. Read top to
-bottom: the flags, the seeds, the objectives (MaskedReconstruction is SPT), hybrid init and
-freezing, train_phase (THE loop), evaluate, the data, main. training.py holds the run folder,
-checkpoints and signals; synthetic.py and data_lra.py the data; analysis.py the attention statistics.
+Phase 1 (SPT): masked-token reconstruction on the task's own training split (Amos et al. 2024). Phase 2:
+classification from the best SPT weights (all, or only the group --init_params). A run writes config.json, log.jsonl,
+summary.json, checkpoints and figures into out_dir. Read top to bottom: the flags, the seeds, the objectives
+(MaskedReconstruction is SPT), hybrid init and freezing, train_phase (THE loop), evaluate, the data, main. training.py
+holds the run folder, checkpoints and signals; synthetic.py and data_lra.py the data; analysis.py the attention
+statistics.
 """
 
 import math
@@ -23,7 +23,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
@@ -35,10 +34,9 @@ from training import (NonFiniteGuard, Run, choose_fast_dtype, grad_sync, load_ch
                       replica_max_diff, step_seconds, wrap)
 
 # -----------------------------------------------------------------------------
-# The flags, each a --key=value (--help lists them with these comments). DEFAULTS are the README's
-# main command, `python train_spt.py --task=pathfinder --depth=1`: Amos et al.'s PathFinder run
-# (IdoAmos/not-from-scratch, configs/experiment/lra/transformer-lra-pathfinder[-mlm].yaml; "-mlm"
-# is their SPT phase) with one layer, as the paper studies it.
+# The flags, each a --key=value (--help lists them with these comments). DEFAULTS are the README's main command,
+# `python train_spt.py --task=pathfinder --depth=1`: Amos et al.'s PathFinder run (IdoAmos/not-from-scratch, configs/
+# experiment/lra/transformer-lra-pathfinder[-mlm].yaml; "-mlm" is their SPT phase) with one layer, as the paper studies.
 
 DEFAULTS = dict(
     task="pathfinder",       # synthetic, listops, text, retrieval, image, pathfinder, pathx
@@ -91,15 +89,15 @@ DEFAULTS = dict(
 FREE = ("max_hours", "patience", "log_every", "ckpt_every", "snapshot_attn_every", "halt_after_steps",
         "device", "dtype", "compile", "num_workers", "debug", "overwrite")
 
-# --task=NAME applies config/NAME.py (Amos et al.'s values for that task, each file citing their
-# config), --preset=NAME then config/<task>_NAME.py (ours, for a CPU), and the flags apply last.
-# The run prints what its config files set. IMAGE_TASKS' sequences are square images of grey levels.
+# --task=NAME applies config/NAME.py (Amos et al.'s values, each file citing their config), --preset=NAME then
+# config/<task>_NAME.py (ours, for a CPU), and the flags apply last; the run prints what its config files set.
+# IMAGE_TASKS' sequences are square images of grey levels.
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASKS = ("synthetic", "listops", "text", "retrieval", "image", "pathfinder", "pathx", "photos")
 IMAGE_TASKS = ("image", "pathfinder", "pathx", "photos")
 
-# Seeds. Each random stream has its own seed derived from --seed, so changing one thing (the
-# number of epochs, the mask ratio) never shifts another stream.
+# Seeds. Each random stream has its own seed derived from --seed, so changing one thing (the number of epochs, the
+# mask ratio) never shifts another stream.
 MASK_SEED_OFFSET = 7          # the SPT masks' stream: apart from the model init, which uses --seed itself
 VAL_MASK_SEED = 1234          # validation masks: the same every epoch and every seed, so SPT val losses compare
 BATCH_SEED_STRIDE = 100_003   # batch order: seed * stride + 2 * epoch + (1 in SPT): a prime above
@@ -109,12 +107,11 @@ BATCH_SEED_STRIDE = 100_003   # batch order: seed * stride + 2 * epoch + (1 in S
 # -----------------------------------------------------------------------------
 # The two objectives, as modules so that DDP and torch.compile see one forward
 
-class MaskedReconstruction(nn.Module):
-    """SPT objective (Amos et al. 2024): x~ = x with a random set M of real positions
-    replaced by [MASK];  L = -(1/|M|) sum_{i in M} log p(x_i | x~)  (loss only on M).
-    Retrieval pairs (B, 2, T) are two sequences each. causal=True: next-token loss
-    -(1/T) sum_t log p(x_{t+1} | x_<=t) instead. Returns L, and the hits and count of the
-    read positions (argmax p = x_i): the masked-token accuracy that Amos et al. monitor."""
+class MaskedReconstruction(torch.nn.Module):
+    """SPT objective (Amos et al. 2024): x~ = x with a random set M of real positions replaced by [MASK];
+    L = -(1/|M|) sum_{i in M} log p(x_i | x~)  (loss only on M). Retrieval pairs (B, 2, T) are two sequences each.
+    causal=True: next-token loss -(1/T) sum_t log p(x_{t+1} | x_<=t) instead. Returns L, and the hits and count of
+    the read positions (argmax p = x_i): the masked-token accuracy that Amos et al. monitor."""
 
     def __init__(self, model, mask_id, causal=False):
         super().__init__()
@@ -122,13 +119,10 @@ class MaskedReconstruction(nn.Module):
 
     def forward(self, tokens, pad_mask, hide):
         if tokens.dim() == 3:                                       # two documents each
-            tokens, hide = tokens.flatten(0, 1), hide.flatten(0, 1)
-            pad_mask = None if pad_mask is None else pad_mask.flatten(0, 1)
+            tokens, hide, pad_mask = (None if t is None else t.flatten(0, 1) for t in (tokens, hide, pad_mask))
         if self.causal:
             logits = self.model.reconstruct(tokens, pad_mask, causal=True)[:, :-1]
-            targets = tokens[:, 1:]
-            if pad_mask is not None:
-                targets = targets.masked_fill(pad_mask[:, 1:], -100)
+            targets = tokens[:, 1:] if pad_mask is None else tokens[:, 1:].masked_fill(pad_mask[:, 1:], -100)
         else:
             logits = self.model.reconstruct(tokens.masked_fill(hide, self.mask_id), pad_mask)
             targets = tokens.masked_fill(~hide, -100)               # read only the hidden ones
@@ -137,7 +131,7 @@ class MaskedReconstruction(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100), hits, read.sum()
 
 
-class Classification(nn.Module):
+class Classification(torch.nn.Module):
     """Supervised objective: cross-entropy of the pooled classifier's logits."""
 
     def __init__(self, model):
@@ -156,8 +150,7 @@ def draw_hidden(shape, ratio, generator):
 
 def only_real(hide, pad_mask):
     """Never hide padding; hide at least one position per batch."""
-    if pad_mask is not None:
-        hide = hide & ~pad_mask.cpu()
+    hide = hide if pad_mask is None else hide & ~pad_mask.cpu()
     if not hide.any():
         hide.view(-1)[0] = True
     return hide
@@ -170,25 +163,21 @@ def build_model(cfg, datasets):
     """One model for every dataset it will see (the pretraining task may differ)."""
     ds = datasets[0]
     conf = TransformerConfig(
-        vocab_size=max(d.vocab_size for d in datasets), n_classes=ds.n_classes,
-        max_len=max(d.max_len for d in datasets), n_layer=cfg["depth"], n_head=cfg["n_head"],
-        n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"], dropout=cfg["dropout"],
-        pos_enc=cfg["pos_enc"], pool=cfg["pool"], pair=ds[0][0].dim() == 2, init=cfg["init"],
-        pixel_encoder=cfg["pixel_encoder"], mask_id=ds.mask_id)
+        vocab_size=max(d.vocab_size for d in datasets), max_len=max(d.max_len for d in datasets), n_layer=cfg["depth"],
+        n_classes=ds.n_classes, pair=ds[0][0].dim() == 2, mask_id=ds.mask_id,
+        **{k: cfg[k] for k in ("n_head", "n_embd", "ffn_mult", "dropout", "pos_enc", "pool", "init", "pixel_encoder")})
     torch.manual_seed(cfg["seed"])
     return Transformer(conf)
 
 
 def hybrid_init(model, ckpt_path, which):
-    """Copy only the parameter group `which` from an SPT checkpoint; the rest stay at their
-    random init (claim 5). Returns the names copied."""
+    """Copy only the parameter group `which` from an SPT checkpoint; the rest keep their random init (claim 5)."""
     load_weights(model, ckpt_path, names := select_params(model, which))
     return names
 
 
 def freeze(model, which):
-    """requires_grad=False for a group: it stays bit-identical at its starting value. From
-    scratch, that is the random init (claim 4)."""
+    """requires_grad=False for a group: it stays bit-identical at its start (from scratch: the random init, claim 4)."""
     names = [] if which == "none" else select_params(model, which)
     [p.requires_grad_(False) for name, p in model.named_parameters() if name in names]
     return names
@@ -209,10 +198,9 @@ def lr_at(step, peak, total, warmup, schedule):
 
 
 def epoch_batches(n, cfg, rt, epoch, spt):
-    """This rank's micro-batches (lists of indices) of one epoch; the order is a function of
-    (seed, epoch, phase), so a resumed run sees the same batches. Optimizer step s takes
-    perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size, split into equal micro-batches
-    across ranks and accumulation steps: W processes equal one with W times the batch."""
+    """This rank's micro-batches (lists of indices) of one epoch, in an order set by (seed, epoch, phase): a resumed
+    run sees the same batches. Optimizer step s takes perm[s*G:(s+1)*G], G = batch_size * grad_accum * world_size,
+    split into equal micro-batches across ranks and accumulation steps: W processes equal one with W times the batch."""
     G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
     seed = cfg["seed"] * BATCH_SEED_STRIDE + 2 * epoch + int(spt)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -226,10 +214,10 @@ def micro_row(k, cfg, rt):
 
 
 def train_phase(name, model, train_ds, val_ds, run):
-    """Train `model` in place. name='spt': masked reconstruction, best = lowest val loss (Amos et
-    al. keep the highest masked-token accuracy; REPORT's departures say why not here).
-    name='finetune': classification, best = highest val accuracy. Returns the phase's state:
-    epoch, step, best_metric, best_epoch; its best weights are in <out_dir>/<name>_best.pt."""
+    """Train `model` in place. name='spt': masked reconstruction, best = lowest val loss (Amos et al. keep the highest
+    masked-token accuracy; REPORT's departures say why not here). name='finetune': classification, best = highest val
+    accuracy. Returns the phase's state: epoch, step, best_metric, best_epoch; its best weights are in
+    <out_dir>/<name>_best.pt, written before every rank returns."""
     cfg, rt, accum, spt = run.cfg, run.rt, run.cfg["grad_accum"], name == "spt"
     epochs, peak, schedule, warmup = (cfg["pretrain_epochs"], cfg["pretrain_lr"] or cfg["lr"], cfg["pretrain_schedule"]
                                       or cfg["schedule"], cfg["pretrain_warmup_steps"]) if spt else \
@@ -238,8 +226,7 @@ def train_phase(name, model, train_ds, val_ds, run):
     steps_per_epoch = len(train_ds) // G
     total = epochs * steps_per_epoch
     warmup = warmup or int(cfg["warmup_frac"] * total)
-    unused_head = model.head if spt else model.lm_head
-    unused_head.requires_grad_(False)                                    # the head this phase does not use
+    (unused_head := model.head if spt else model.lm_head).requires_grad_(False)   # the head this phase does not use
     objective = MaskedReconstruction(model, train_ds.mask_id, cfg["spt_objective"] == "causal") if spt \
         else Classification(model)
     train_obj = wrap(objective, rt, cfg["compile"])                      # DDP, torch.compile
@@ -251,12 +238,11 @@ def train_phase(name, model, train_ds, val_ds, run):
     def save_resume():                       # ckpt.pt: weights, optimizer, masks' stream, RNG, counters
         guard.check()
         run.save_resume(model, [optimizer], phase=name, mask_gen=mask_gen.get_state(), **state)
-    rng = None
-    if run.ckpt and run.ckpt["phase"] == name:                           # --init_from=resume
+    rng = run.ckpt["rng"] if run.ckpt and run.ckpt["phase"] == name else None    # --init_from=resume
+    if rng is not None:
         run.restore(model, [optimizer], rng=False)
         state.update({k: run.ckpt[k] for k in state})
         mask_gen.set_state(run.ckpt["mask_gen"])
-        rng = run.ckpt["rng"]
     params = [p for p in model.parameters() if p.requires_grad]
     say(rt, f"[{name}] {len(train_ds)} train / {len(val_ds)} val examples, {epochs} epochs x {steps_per_epoch} "
             f"steps, lr {peak:g}, {sum(p.numel() for p in params):,} trainable parameters")
@@ -277,18 +263,13 @@ def train_phase(name, model, train_ds, val_ds, run):
             tokens, pad_mask, labels = (None if t is None else t.to(rt.device) for t in batch)
             k = micro % accum                                            # micro-batch k of this step
             with grad_sync(train_obj, rt, last_micro=k == accum - 1), rt.autocast():
-                if spt:
-                    # SPT: hide a random mask_ratio of the real tokens and reconstruct them. The mask
-                    # is drawn once for the whole global batch, then this micro-batch takes its rows:
-                    # the masks do not depend on the number of GPUs or micro-batches.
+                if spt:  # hide a random mask_ratio of the real tokens, to reconstruct. The mask is drawn once for
+                    # the whole global batch, then this micro-batch takes its rows: the same for any GPUs, micro-batches
                     if k == 0:
-                        step_hide = draw_hidden((G, *tokens.shape[1:-1], train_ds.max_len), cfg["mask_ratio"],
-                                                mask_gen)
+                        step_hide = draw_hidden((G, *tokens.shape[1:-1], train_ds.max_len), cfg["mask_ratio"], mask_gen)
                     start = micro_row(k, cfg, rt)
                     hide = only_real(step_hide[start:start + len(tokens), ..., :tokens.size(-1)], pad_mask)
-                    loss, _, _ = train_obj(tokens, pad_mask, hide.to(rt.device))
-                else:                                                    # classify
-                    loss, _ = train_obj(tokens, pad_mask, labels)
+                loss = train_obj(tokens, pad_mask, hide.to(rt.device) if spt else labels)[0]   # SPT, or classify
             (loss / accum).backward()
             if k < accum - 1:
                 continue
@@ -315,8 +296,7 @@ def train_phase(name, model, train_ds, val_ds, run):
             if cfg["ckpt_every"] and step % cfg["ckpt_every"] == 0:
                 save_resume()
             run.tick()                                # a stop signal or --halt_after_steps stops here
-        # the end of an epoch: evaluate, keep the best weights, save the resume point
-        bar.close()
+        bar.close()                                 # the epoch's end: evaluate, keep the best weights, save ckpt.pt
         guard.check()
         metrics = evaluate(objective, val_ds, cfg, rt, name)
         if not math.isfinite(metrics["loss"]):                           # a NaN val loss is never "best"
@@ -341,14 +321,15 @@ def train_phase(name, model, train_ds, val_ds, run):
             break
     run.saver = None
     unused_head.requires_grad_(True)                                     # the other phase's head
+    if rt.ddp:
+        dist.barrier()                                                   # rank 0 has written <name>_best.pt
     return state
 
 
 @torch.no_grad()
 def evaluate(objective, ds, cfg, rt, phase):
-    """Mean loss and accuracy (SPT: of the masked tokens), and for the classifier the standard
-    error of the mean loss (sd of the per-example losses / sqrt(n)). SPT masks come from a fixed
-    generator, so SPT's validation numbers compare across epochs."""
+    """Mean loss and accuracy (SPT: of the masked tokens), and for the classifier the standard error of the mean
+    loss (sd of the per-example losses / sqrt(n)). SPT's masks come from a fixed generator: its epochs compare."""
     objective.eval()
     idx = list(range(rt.rank, len(ds), rt.world_size))
     batches = [idx[i:i + cfg["batch_size"]] for i in range(0, len(idx), cfg["batch_size"])]
@@ -365,8 +346,7 @@ def evaluate(objective, ds, cfg, rt, phase):
                 loss, logits = objective(tokens, pad_mask, labels)
                 hits, read = (logits.argmax(-1) == labels).sum(), len(labels)
                 squares = (F.cross_entropy(logits.float(), labels, reduction="none") ** 2).sum()
-        totals += torch.tensor([loss.item() * len(labels), len(labels), float(squares), float(hits), float(read)],
-                               dtype=torch.float64, device=rt.device)
+        totals += totals.new_tensor([loss.item() * len(labels), len(labels), float(squares), float(hits), float(read)])
     if rt.ddp:
         dist.all_reduce(totals)
     objective.train()
@@ -460,8 +440,7 @@ def load_splits(cfg, rt):
         raise ValueError(f"--pretrain_task={pre} has another vocabulary than --task={task}; pretrain on an image task")
     G = cfg["batch_size"] * cfg["grad_accum"] * rt.world_size
     for name, ds in data.items():
-        need = G if name in ("train", "pretrain") else 1
-        if len(ds) < need:
+        if len(ds) < (need := G if name in ("train", "pretrain") else 1):
             raise ValueError(f"the {name} split of --task={task} has {len(ds)} examples, fewer than {need}; check "
                              f"--n_train, --n_eval, --batch_size")
     return data
@@ -475,8 +454,8 @@ def announce_cost(cfg, rt):
         return
     side, n = (128 if cfg["task"] == "pathx" else 32), cfg["n_generate"] or 200_000
     n_train = cfg["n_train"] or (45_000 if cfg["task"] == "image" else int(0.8 * n))   # their 80/10/10 split
-    conf = TransformerConfig(vocab_size=258, n_classes=2, max_len=side * side, n_layer=cfg["depth"], n_head=cfg["n_head"],
-                             n_embd=cfg["n_embd"], ffn_mult=cfg["ffn_mult"], pixel_encoder=cfg["pixel_encoder"], mask_id=257)
+    conf = TransformerConfig(vocab_size=258, n_classes=2, max_len=side * side, mask_id=257, n_layer=cfg["depth"],
+                             **{k: cfg[k] for k in ("n_head", "n_embd", "ffn_mult", "pixel_encoder")})
     with torch.random.fork_rng(devices=[]):
         model, x = Transformer(conf).to(rt.device), torch.randint(0, 256, (2, side * side), device=rt.device)
         step_s = step_seconds(model, lambda: model.classify(x).float().logsumexp(-1).mean(), rt, rt.ptdtype)
@@ -518,62 +497,52 @@ def main(argv):
         spt_ckpt = cfg["init_from"] if given else os.path.join(cfg["out_dir"], "spt_best.pt") if pretrain else None
         if pretrain and not (run.ckpt and run.ckpt["phase"] == "finetune"):
             spt_steps = train_phase("spt", model, data["pretrain"], data["pretrain_val"], run)["step"]
-        if rt.ddp:
-            dist.barrier()                                            # rank 0 has written the SPT checkpoint
         best = load_checkpoint(spt_ckpt) if pretrain else {}          # the best SPT weights: their epoch, val loss
         results = dict(pretrain_epochs=cfg["pretrain_epochs"] if pretrain else 0, spt_best_epoch=best.get("epoch"),
                        spt_best_val_loss=best.get("loss"), spt_best_val_masked_acc=best.get("acc"))
         if cfg["epochs"] == 0:                  # SPT alone: its checkpoints are what other runs finetune from
             load_weights(model, spt_ckpt)
             seen.observe("spt", model, data["val"], rt.device)
-            return summarize(run, seen, model, data["val"], dict(results, steps=0, spt_steps=spt_steps,
-                                                                 wall_time_s=run.elapsed()))
-        # phase 2: finetuning, from a fresh model holding (part of) the SPT weights
-        model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
-        copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
-        if spt_ckpt:                            # "start": the model finetuning starts from, after the copy
-            seen.observe("start", model, data["val"], rt.device)
-            say(rt, f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
-        frozen = freeze(model, cfg["freeze"])
-        ft = train_phase("finetune", model, data["train"], data["val"], run)
-        if rt.ddp:
-            dist.barrier()                                            # rank 0 has written the best checkpoint
-        load_weights(model, os.path.join(cfg["out_dir"], "finetune_best.pt"))
-        test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
-        seen.observe("finetune", model, data["val"], rt.device)
-        return summarize(run, seen, model, data["val"], dict(
-            results, best_val_acc=ft["best_metric"], best_epoch=ft["best_epoch"], test_acc=test["acc"],
-            frozen=len(frozen), copied=len(copied), steps=ft["step"], wall_time_s=run.elapsed()))
+            results.update(steps=0, spt_steps=spt_steps)
+        else:                                   # phase 2: finetuning, a fresh model holding (part of) the SPT weights
+            model = build_model(cfg, [data["train"], data["pretrain"]]).to(rt.device)
+            copied = hybrid_init(model, spt_ckpt, cfg["init_params"]) if spt_ckpt else []
+            if spt_ckpt:                        # "start": the model finetuning starts from, after the copy
+                seen.observe("start", model, data["val"], rt.device)
+                say(rt, f"finetuning from {spt_ckpt}: copied {len(copied)} tensors ({cfg['init_params']})")
+            frozen = freeze(model, cfg["freeze"])
+            ft = train_phase("finetune", model, data["train"], data["val"], run)
+            load_weights(model, os.path.join(cfg["out_dir"], "finetune_best.pt"))
+            test = evaluate(Classification(model), data["test"], cfg, rt, "finetune")
+            seen.observe("finetune", model, data["val"], rt.device)
+            results.update(best_val_acc=ft["best_metric"], best_epoch=ft["best_epoch"], test_acc=test["acc"],
+                           frozen=len(frozen), copied=len(copied), steps=ft["step"])
+        # summary.json (the run's flags, results and the attention statistics at each stage), the figures (curves,
+        # proximity, attention), and the run's last line
+        keys = "task depth epochs init_from init_params freeze pos_enc pool init pixel_encoder".split()
+        summary = dict({k: cfg[k] for k in keys}, pretrain_task=cfg["pretrain_task"] or cfg["task"], **results,
+                       wall_time_s=run.elapsed(), n_params=model.num_params(), world_size=rt.world_size)
+        if rt.ddp:                                  # DDP's promise, checked: every replica holds rank 0's weights
+            summary["replica_max_diff"] = replica_max_diff(model, rt)
+        if not rt.master:
+            return summary
+        summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
+        run.write_summary(summary)
+        seen.plot(data["val"][0][0])
+        analysis.plot_curves(read_log(cfg["out_dir"]), os.path.join(cfg["out_dir"], "curves.png"))
+        last = "finetune" if "test_acc" in summary else "spt"             # "spt": SPT alone (--epochs=0)
+        done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
+                else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
+        print(f"[{os.path.basename(cfg['out_dir'])}] {done}; attention mass within |i-j|<=2: init "
+              f"{summary['mass_w2_init']:.3f}, final {summary['mass_w2_' + last]:.3f} (uniform "
+              f"{summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
+        return summary
 
 
 def say(rt, text):
     """A line on the master rank, never glued to a progress bar."""
     if rt.master:
         tqdm.write(text)
-
-
-def summarize(run, seen, model, val_ds, results):
-    """summary.json (the run's flags, results and the attention statistics at each stage),
-    the figures (curves, proximity, attention), and the run's last line."""
-    cfg, rt = run.cfg, run.rt
-    keys = ("task", "depth", "epochs", "init_from", "init_params", "freeze", "pos_enc", "pool", "init", "pixel_encoder")
-    summary = dict({k: cfg[k] for k in keys}, pretrain_task=cfg["pretrain_task"] or cfg["task"], **results,
-                   n_params=model.num_params(), world_size=rt.world_size)
-    if rt.ddp:                                      # DDP's promise, checked: every replica holds rank 0's weights
-        summary["replica_max_diff"] = replica_max_diff(model, rt)
-    if not rt.master:
-        return summary
-    summary.update(analysis.stage_statistics(seen.reports), proximity=seen.reports)
-    run.write_summary(summary)
-    seen.plot(val_ds[0][0])
-    analysis.plot_curves(read_log(cfg["out_dir"]), os.path.join(cfg["out_dir"], "curves.png"))
-    last = "finetune" if "test_acc" in summary else "spt"                 # "spt": SPT alone (--epochs=0)
-    done = ("best val acc {best_val_acc:.4f} (epoch {best_epoch}), test acc {test_acc:.4f}" if last == "finetune"
-            else "SPT best val loss {spt_best_val_loss:.4f} (epoch {spt_best_epoch})").format(**summary)
-    print(f"[{os.path.basename(cfg['out_dir'])}] {done}; attention mass within |i-j|<=2: init "
-          f"{summary['mass_w2_init']:.3f}, final {summary['mass_w2_' + last]:.3f} (uniform "
-          f"{summary['mass_w2_uniform']:.3f}); files in {cfg['out_dir']}")
-    return summary
 
 
 if __name__ == "__main__":

@@ -1,19 +1,15 @@
-"""
-What train_spt.py and train_flt.py share, and neither paper is about. Each script keeps its
-own loop, evaluation, schedule, best checkpoint and log lines in view; it needs only these
-contracts:
+"""What train_spt.py and train_flt.py share, and neither paper is about. Each script keeps its own loop,
+evaluation, schedule, best checkpoint and log lines in view; it needs only these contracts:
 
   setup_runtime   device, autocast dtype and torchrun DDP (gloo on CPU, nccl on GPU)
   wrap, grad_sync the one way a module goes under DDP (and torch.compile)
   NonFiniteGuard  a NaN or inf loss or gradient stops the run; no non-finite weight is saved
   checkpoints     written atomically (temp file, then rename), loaded weights_only
-  Run             the run folder (locked, never overwritten silently), config.json, command.txt,
-                  log.jsonl, the resume point, and the stop signals
+  Run             the run folder (locked, never overwritten silently), config.json, command.txt, log.jsonl, ckpt.pt
 
-A stop signal (Ctrl-C, SIGTERM: a cluster's warning before a kill, SIGHUP: a closed terminal,
-SIGUSR1: SLURM's --signal=USR1@90) ends the run at the end of its step, its resume point saved;
-`--init_from=resume` then continues it exactly.
-"""
+A stop signal (Ctrl-C, SIGTERM: a cluster's warning before a kill, SIGHUP: a closed terminal, SIGUSR1:
+SLURM's --signal=USR1@90) ends the run at the end of its step, its resume point saved; `--init_from=resume`
+then continues it exactly."""
 
 import fcntl
 import gc
@@ -23,7 +19,7 @@ import os
 import shlex
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +56,8 @@ class Runtime:
 
 
 def setup_runtime(device="auto", dtype="auto", seed=0):
-    """Pick the device (cuda if present), the autocast dtype (auto: bfloat16 on a GPU that has
-    it, else float32), join the torchrun process group (RANK in the environment), seed."""
+    """Pick the device (cuda if present), the autocast dtype (auto: bfloat16 on a GPU that has it, else
+    float32), join the torchrun process group (RANK in the environment), seed."""
     ddp, rank, world = "RANK" in os.environ, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     kind = device.split(":")[0]
@@ -83,8 +79,7 @@ def setup_runtime(device="auto", dtype="auto", seed=0):
 
 
 def step_seconds(model, loss_fn, rt, dtype=torch.float32):
-    """The time of a forward (loss_fn()) and backward pass of `model`, the best of 2 after a
-    warm-up pass; its gradients are left unset."""
+    """Seconds of a forward (loss_fn()) and backward pass of `model`: best of 2 after a warm-up; grads left unset."""
     times = []
     for _ in range(3):
         t = time.perf_counter()
@@ -99,9 +94,8 @@ def step_seconds(model, loss_fn, rt, dtype=torch.float32):
 
 
 def choose_fast_dtype(cfg, rt, model, loss_fn):
-    """--dtype=fast on a CPU: keep float32 or bf16 autocast, whichever steps the run's own model
-    faster here (bf16 took 0.87x the float32 step on a CPU that computes it, 5x on an AVX2-only
-    one that emulates it). The random state is left as it was."""
+    """--dtype=fast on a CPU: float32 or bf16 autocast, whichever steps the run's own model faster here (bf16 took
+    0.87x the float32 step on a CPU that computes it, 5x on an AVX2-only one that emulates it); RNG state untouched."""
     if cfg["dtype"] == "fast" and rt.device_type == "cpu":
         with torch.random.fork_rng(devices=[]):
             rt.ptdtype = min((torch.float32, torch.bfloat16), key=lambda d: step_seconds(model, loss_fn, rt, d))
@@ -109,8 +103,8 @@ def choose_fast_dtype(cfg, rt, model, loss_fn):
 
 
 def wrap(module, rt, compile=False):
-    """The module the loop calls: under DDP when launched by torchrun (a replica per process,
-    gradients averaged in backward), then torch.compile if asked."""
+    """The module the loop calls: under DDP when launched by torchrun (a replica per process, gradients
+    averaged in backward), then torch.compile if asked."""
     if rt.ddp:
         module = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[rt.device] if rt.device_type == "cuda" else None)
@@ -133,18 +127,16 @@ def unwrap(module):
 
 def grad_sync(module, rt, last_micro):
     """Gradient accumulation under DDP: average across ranks only on the last micro-batch."""
-    inner = getattr(module, "_orig_mod", module)
-    return nullcontext() if not rt.ddp or last_micro else inner.no_sync()
+    return nullcontext() if not rt.ddp or last_micro else getattr(module, "_orig_mod", module).no_sync()
 
 
 # -----------------------------------------------------------------------------
 # The NaN guard, and checkpoints
 
 class NonFiniteGuard:
-    """Remembers the first step whose loss or gradient was NaN or inf, on the device. On a
-    CPU it is read every step, before the update; on a GPU (where reading it would sync
-    every step) at each log step and before anything is saved. check() raises
-    FloatingPointError saying what is true on this device."""
+    """Remembers the first step whose loss or gradient was NaN or inf, on the device. On a CPU it is read
+    every step, before the update; on a GPU (where reading it would sync every step) at each log step and
+    before anything is saved. check() raises FloatingPointError saying what is true on this device."""
 
     def __init__(self, rt, phase, ckpt_path):
         self.at = torch.zeros((), dtype=torch.long, device=rt.device)
@@ -157,13 +149,12 @@ class NonFiniteGuard:
             self.check()
 
     def check(self):
-        step = int(self.at.item())
-        if step:
+        if step := int(self.at.item()):
             when = ("stopped before its update" if self.cpu else
                     "seen at a log step: the steps since then updated the weights, none of them was saved")
-            raise FloatingPointError(
-                f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; {when}. "
-                f"{last_good(self.ckpt_path)}; start again with --overwrite=True and a lower --lr (or --grad_clip)")
+            raise FloatingPointError(f"[{self.phase}] the loss or gradient became NaN or inf at step {step}; {when}. "
+                                     f"{last_good(self.ckpt_path)}; start again with --overwrite=True and a lower "
+                                     f"--lr (or --grad_clip)")
 
 
 def save_checkpoint(path, state):
@@ -176,11 +167,10 @@ def save_checkpoint(path, state):
 
 
 def load_checkpoint(path):
-    """torch.load(weights_only=True): a checkpoint holds tensors, numbers, strings and plain
-    containers, so loading one cannot run code. One line when it is missing or damaged."""
+    """torch.load(weights_only=True): a checkpoint holds tensors, numbers, strings and plain containers, so
+    loading one cannot run code. One line when it is missing or damaged."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    path = str(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:        # a cut file, or one holding objects that are not tensors
@@ -188,8 +178,8 @@ def load_checkpoint(path):
 
 
 def load_weights(model, source, names=None):
-    """Load a checkpoint's weights (a path or a state dict) into `model`; `names`: only
-    those parameters, the rest stay as they are. A shape or name mismatch is one error."""
+    """Load a checkpoint's weights (a path or a state dict) into `model`; `names`: only those parameters,
+    the rest stay as they are. A shape or name mismatch is one error."""
     state = load_checkpoint(source)["model"] if isinstance(source, (str, os.PathLike)) else source
     own = unwrap(model).state_dict()
     if names is not None:
@@ -202,9 +192,8 @@ def load_weights(model, source, names=None):
 
 def last_good(path):
     """What a stopped run can resume from."""
-    if not os.path.exists(path):
-        return "no checkpoint was written yet"
-    return f"the last good checkpoint is {path} (step {load_checkpoint(path).get('step', '?')})"
+    return (f"the last good checkpoint is {path} (step {load_checkpoint(path).get('step', '?')})"
+            if os.path.exists(path) else "no checkpoint was written yet")
 
 
 def write_json(path, obj):
@@ -229,59 +218,56 @@ def read_log(out_dir, name="log.jsonl"):
     with open(os.path.join(out_dir, name)) as f:
         lines = [line for line in f if line.strip()]
     records = [json.loads(line) for line in lines[:-1]]
-    try:
-        return records + [json.loads(lines[-1])] if lines else records
-    except json.JSONDecodeError:
-        return records
+    with suppress(json.JSONDecodeError):
+        records += [json.loads(line) for line in lines[-1:]]
+    return records
 
 
 # -----------------------------------------------------------------------------
 # The run: its folder, log and resume point, and how it stops
 
 class Run:
-    """One training run, `with Run(cfg, script, argv, free) as run:`.
-    On entry (before any data is read): take out_dir's lock (fcntl.flock on run.lock, which
-    the kernel drops when the process dies, so kill -9 never blocks a resume); refuse a
-    folder that holds a finished or stopped run unless --overwrite=True (which removes its
-    files) or --init_from=resume; with resume, load ckpt.pt into run.ckpt and take its
-    config: a flag given now that differs from it is refused, except the `free` ones (the
-    run's plumbing: device, workers, logging). Then the runtime (run.rt) and the signals.
-    run.begin() writes config.json, command.txt and log.jsonl once every check has passed."""
+    """One training run, `with Run(cfg, script, argv, free) as run:`. On entry (before any data is read):
+    take out_dir's lock (fcntl.flock on run.lock, which the kernel drops when the process dies, so kill -9
+    never blocks a resume); refuse a folder that holds a finished or stopped run unless --overwrite=True
+    (which removes its files) or --init_from=resume; with resume, load ckpt.pt into run.ckpt and take its
+    config: a flag given now that differs from it is refused, except the `free` ones (the run's plumbing:
+    device, workers, logging). Then the runtime (run.rt) and the signals. A refused run frees the folder
+    at once. run.begin() writes config.json, command.txt and log.jsonl once every check has passed."""
 
     def __init__(self, cfg, script, argv, free=()):
         self.cfg, self.script, self.argv, self.free = cfg, script, argv, free
         self.dir, self.ckpt_path = cfg["out_dir"], os.path.join(cfg["out_dir"], "ckpt.pt")
         self.ckpt, self.saver, self.signum, self.steps, self.lock, self.begun = None, None, None, 0, None, False
+        self.continue_with = f"continue with: python {script} --init_from=resume --out_dir={self.dir}"
 
     def __enter__(self):
-        if int(os.environ.get("RANK", 0)) == 0:
-            self.created = not os.path.isdir(self.dir)
-            os.makedirs(self.dir, exist_ok=True)
-            self.lock = open(os.path.join(self.dir, "run.lock"), "w")
-            try:
-                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.check_folder()
-            except BlockingIOError:                                 # the live run's lock stays
-                self.lock.close()
-                raise FileExistsError(f"--out_dir={self.dir} is in use by a live run; wait for it or choose "
-                                      f"another --out_dir") from None
-            except BaseException:
-                self.release()
-                raise
         try:
+            if int(os.environ.get("RANK", 0)) == 0:
+                self.lock_folder()
             if self.cfg["init_from"] == "resume":
                 self.ckpt = load_checkpoint(self.ckpt_path)
                 self.cfg = self.resumed_config(self.ckpt["config"])
             self.rt = setup_runtime(self.cfg["device"], self.cfg["dtype"], self.cfg["seed"])
-        except BaseException:                                   # a refused resume frees the folder
+        except BaseException:                                       # a refused run frees the folder at once
             self.release()
             raise
         self.start, self.before = time.time(), self.ckpt.get("wall_time", 0.0) if self.ckpt else 0.0
         self.handlers = {s: signal.signal(s, self.on_signal) for s in STOP_SIGNALS}
         return self
 
-    def check_folder(self):
-        """A folder holding a run is reused only with resume; --overwrite=True empties it first."""
+    def lock_folder(self):
+        """The lock and the folder's checks of the class docstring; a folder in use keeps its live run's lock."""
+        self.created = not os.path.isdir(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
+        self.lock = open(os.path.join(self.dir, "run.lock"), "w")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:                                     # the live run's lock stays
+            self.lock.close()
+            self.lock = None
+            raise FileExistsError(f"--out_dir={self.dir} is in use by a live run; wait for it or choose "
+                                  f"another --out_dir") from None
         began = os.path.exists(os.path.join(self.dir, "config.json"))
         if self.cfg["init_from"] == "resume":
             if not os.path.exists(self.ckpt_path):
@@ -290,13 +276,11 @@ class Run:
             raise FileExistsError(f"--out_dir={self.dir} already holds a run; continue it with --init_from=resume, "
                                   f"replace it with --overwrite=True, or choose another --out_dir")
         elif began:
-            for f in os.listdir(self.dir):
-                if f.endswith(RUN_FILES):
-                    os.remove(os.path.join(self.dir, f))
+            for name in filter(lambda name: name.endswith(RUN_FILES), os.listdir(self.dir)):
+                os.remove(os.path.join(self.dir, name))
 
     def resumed_config(self, saved):
-        """The checkpoint's config; the `free` flags given now replace its values, and any other
-        flag given now must equal the checkpoint's."""
+        """The checkpoint's config, with the `free` flags given now; any other flag given now must equal it."""
         given = {a[2:].split("=", 1)[0] for a in self.argv if a.startswith("--")} - {"init_from", "out_dir"}
         cfg = {**saved, **{k: self.cfg[k] for k in given & set(self.free)},      # run.ckpt says it resumed
                "halt_after_steps": self.cfg["halt_after_steps"], "overwrite": False, "out_dir": self.dir}
@@ -308,12 +292,11 @@ class Run:
         return cfg
 
     def begin(self, keep=lambda record: True):
-        """Every check has passed: write config.json and command.txt (a line more per resume)
-        and start log.jsonl (and snapshots.jsonl, if there is one); on resume keep only the records
-        keep(record) says were written before the resume point. Prints the command that resumes it."""
+        """Every check has passed: write config.json and command.txt (a line more per resume) and start
+        log.jsonl (and snapshots.jsonl, if there is one); on resume keep only the records keep(record) says
+        were written before the resume point. Prints the command that resumes it."""
         if self.rt.master:
-            mode = "a" if self.ckpt else "w"
-            with open(os.path.join(self.dir, "command.txt"), mode) as f:
+            with open(os.path.join(self.dir, "command.txt"), "a" if self.ckpt else "w") as f:
                 f.write(shlex.join(["python", self.script, *self.argv]) + "\n")
             write_json(os.path.join(self.dir, "config.json"), self.cfg)
             for name in ("log.jsonl", "snapshots.jsonl"):
@@ -322,8 +305,7 @@ class Run:
                 if name == "log.jsonl" or kept:
                     with open(path, "w") as f:
                         f.writelines(json.dumps(finite(r)) + "\n" for r in kept)
-            print(f"[{os.path.basename(self.dir)}] after a stop, continue with: python {self.script} "
-                  f"--init_from=resume --out_dir={self.dir}", flush=True)
+            print(f"[{os.path.basename(self.dir)}] after a stop, {self.continue_with}", flush=True)
         self.begun = True
 
     def log(self, file="log.jsonl", **record):
@@ -339,8 +321,8 @@ class Run:
             raise KeyboardInterrupt
 
     def tick(self):
-        """After each optimizer step: stop if a signal asked to (run.saver saves the resume
-        point first), or after --halt_after_steps (as if killed: to test resume)."""
+        """After each optimizer step: stop if a signal asked to (run.saver saves the resume point first), or
+        after --halt_after_steps (as if killed: to test resume)."""
         self.steps += 1
         stop = self.signum is not None
         if self.rt.ddp:                                             # every rank stops at the same step
@@ -357,14 +339,12 @@ class Run:
             raise SystemExit(f"halted after {self.steps} steps (--halt_after_steps), resume point saved")
 
     def save_resume(self, model, optimizers, **state):
-        """ckpt.pt: all --init_from=resume needs to continue exactly: weights, optimizers,
-        the RNG state, the config, the wall time, and the loop's own `state`."""
+        """ckpt.pt: all --init_from=resume needs to continue exactly: weights, optimizers, the RNG state,
+        the config, the wall time, and the loop's own `state`."""
         if self.rt.master:
-            ckpt = dict(model=unwrap(model).state_dict(), optimizers=[o.state_dict() for o in optimizers],
-                        rng=torch.get_rng_state(), config=self.cfg, wall_time=self.elapsed(), **state)
-            if torch.cuda.is_available():
-                ckpt["cuda_rng"] = torch.cuda.get_rng_state()
-            save_checkpoint(self.ckpt_path, ckpt)
+            cuda = {"cuda_rng": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {}
+            self.save_weights(self.ckpt_path, model, optimizers=[o.state_dict() for o in optimizers],
+                              rng=torch.get_rng_state(), wall_time=self.elapsed(), **state, **cuda)
 
     def save_weights(self, path, model, **extra):
         """A weights-only checkpoint (the best so far, an SPT epoch's): weights, config, `extra`."""
@@ -407,8 +387,8 @@ class Run:
             dist.destroy_process_group()
         elif kind is not None and issubclass(kind, KeyboardInterrupt):
             signum = self.signum or signal.SIGINT
-            how = (f"continue with: python {self.script} --init_from=resume --out_dir={self.dir}"
-                   if os.path.exists(self.ckpt_path) else "no checkpoint was written yet: run the same command again")
+            how = (self.continue_with if os.path.exists(self.ckpt_path)
+                   else "no checkpoint was written yet: run the same command again")
             stop = KeyboardInterrupt(f"[{os.path.basename(self.dir)}] {signal.Signals(signum).name}: stopped; {how}")
             stop.status = 128 + signum
             raise stop from None

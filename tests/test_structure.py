@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOP = {"model.py", "looped.py", "data_lra.py", "synthetic.py", "train_spt.py", "train_flt.py", "theory.py",
        "configurator.py", "training.py", "pathfinder.py", "corpora.py", "analysis.py", "stability.py"}
-MAX_LINES = {"train_spt.py": 580, "train_flt.py": 500, "configurator.py": 100, "training.py": 415}   # REPORT, round seven: why not 500 and 350
-TOTAL_MAX = 4_940          # every .py outside tests/ and tools/ (config/ included); REPORT, round seven: why not 4,500
+MAX_LINES = {"train_spt.py": 549, "train_flt.py": 500, "configurator.py": 100, "training.py": 394}   # REPORT, round seven: why not 500 and 350
+TOTAL_MAX = 4_895          # every .py outside tests/ and tools/ (config/ included); REPORT, round seven: why not 4,500
 
 
 def lines(path):
