@@ -32,8 +32,8 @@ from configurator import check, configure, run_cli
 from corpora import eval_set, get_batch, load_data, unigram_entropy
 from looped import LOSS_TYPES, VARIANTS, LoopedConfig, LoopedTransformer
 from stability import BlockGradRecorder, grad_norm, gradient_statistics, judge_curves, residual_statistics
-from training import (Run, choose_fast_dtype, grad_sync, last_good, load_checkpoint, load_weights, read_log,
-                      replica_max_diff, setup_runtime, wrap)
+from training import (Run, choose_fast_dtype, default_out_dir, grad_sync, last_good, load_checkpoint, load_weights,
+                      read_log, replica_max_diff, setup_runtime, wrap)
 
 # -----------------------------------------------------------------------------
 # The flags, each a --key=value (--help lists them with these comments). Their values are
@@ -228,9 +228,8 @@ def get_config(argv):
 def auto_out_dir(cfg):
     """--out_dir="": out/flt_<variant>_K<n_loops>, then each flag that differs from DEFAULTS and
     the recipe, so two different runs never share a folder."""
-    base, skip = {**DEFAULTS, **RECIPES[cfg["optim"]]}, ("variant", "n_loops", "init_from", "evaluate", *FREE)
-    return os.path.join("out", f"flt_{cfg['variant']}_K{cfg['n_loops']}" + "".join(
-        f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
+    return default_out_dir(f"flt_{cfg['variant']}_K{cfg['n_loops']}", cfg, {**DEFAULTS, **RECIPES[cfg["optim"]]},
+                           skip=("variant", "n_loops", "init_from", "evaluate", *FREE))
 
 
 def model_args(cfg, vocab_size):

@@ -30,8 +30,8 @@ import analysis
 import synthetic
 from configurator import check, configure, run_cli
 from model import PARAM_GROUPS, Transformer, TransformerConfig, select_params
-from training import (NonFiniteGuard, Run, choose_fast_dtype, grad_sync, load_checkpoint, load_weights, read_log,
-                      replica_max_diff, step_seconds, wrap)
+from training import (NonFiniteGuard, Run, choose_fast_dtype, default_out_dir, grad_sync, load_checkpoint,
+                      load_weights, read_log, replica_max_diff, step_seconds, wrap)
 
 # -----------------------------------------------------------------------------
 # The flags, each a --key=value (--help lists them with these comments). DEFAULTS are the README's main command,
@@ -402,9 +402,8 @@ def auto_out_dir(cfg):
     """--out_dir="": out/<task>_d<depth>_<pretrain_epochs>ep, then each flag that differs from
     DEFAULTS and the config files, so two different runs never share a folder."""
     base = configure(DEFAULTS, [], files=[os.path.join(HERE, f) for f in cfg["config_files"].split(", ")])
-    skip = ("task", "depth", "pretrain_epochs", "config_files", *FREE)
-    return os.path.join("out", f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep" + "".join(
-        f"_{k}-{v}" for k, v in cfg.items() if k not in skip and v != base[k]).replace("/", "-")[:120])
+    return default_out_dir(f"{cfg['task']}_d{cfg['depth']}_{cfg['pretrain_epochs']}ep", cfg, base,
+                           skip=("task", "depth", "pretrain_epochs", *FREE))
 
 
 class Subset(torch.utils.data.Subset):

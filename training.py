@@ -111,6 +111,13 @@ def wrap(module, rt, compile=False):
     return torch.compile(module) if compile else module
 
 
+def default_out_dir(prefix, cfg, base, skip=()):
+    """--out_dir="" names the run: out/<prefix>, then _<key>-<value> for each flag that differs from
+    `base` (but `skip`), so two different runs never share a folder. Both scripts' one rule."""
+    differ = "".join(f"_{k}-{v}" for k, v in cfg.items() if k in base and k not in skip and v != base[k])
+    return os.path.join("out", (prefix + differ).replace("/", "-")[:len(prefix) + 120])
+
+
 def replica_max_diff(model, rt):
     """The largest difference between any rank's weights and rank 0's (0.0 when DDP works)."""
     flat = torch.cat([p.detach().flatten().double() for p in unwrap(model).parameters()])

@@ -3,7 +3,6 @@ file is (the README's reading order gives these counts, and this file is the cod
 them), and which way the imports point, so each paper's files can be copied on their own."""
 
 import ast
-import os
 import re
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOP = {"model.py", "looped.py", "data_lra.py", "synthetic.py", "train_spt.py", "train_flt.py", "theory.py",
        "configurator.py", "training.py", "pathfinder.py", "corpora.py", "analysis.py", "stability.py"}
-MAX_LINES = {"train_spt.py": 549, "train_flt.py": 500, "configurator.py": 100, "training.py": 394}   # REPORT, round seven: why not 500 and 350
+MAX_LINES = {"train_spt.py": 548, "train_flt.py": 500, "configurator.py": 100, "training.py": 401}   # REPORT, round seven: why not 500 and 350
 TOTAL_MAX = 4_895          # every .py outside tests/ and tools/ (config/ included); REPORT, round seven: why not 4,500
 
 
